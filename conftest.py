@@ -1,0 +1,1 @@
+"""Root conftest: makes the repository importable when the package is not installed."""

@@ -1,0 +1,134 @@
+"""Every kernel the harness knows: in-tree forms, third-party adapters, entry points, user kernels.
+
+Each kernel module in this package exposes ``KERNELS: list[KernelSpec]`` built without importing its
+third-party package. A kernel package of your own registers adapters through the entry-point group
+``harness.kernels``: each entry point names a `KernelSpec`, a list of them, or a zero-argument
+callable returning either.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Callable, Iterable
+
+from harness.errors import InvalidArgument
+from harness.kernels.contract import Family, KernelSpec
+
+#: The modules of this package that define kernels, in the order `harness list` shows them.
+BUILTIN_MODULES: tuple[str, ...] = (
+    "harness.kernels.sequential",
+    "harness.kernels.blelloch",
+    "harness.kernels.retnet_forms",
+    "harness.kernels.mambapy_adapter",
+    "harness.kernels.torchscale_adapter",
+    "harness.kernels.fla_adapter",
+    "harness.kernels.accelerated_scan_adapter",
+    "harness.kernels.yet_another_retnet_adapter",
+    "harness.kernels.mamba_ssm_adapter",
+    "harness.kernels.torchmamba_adapter",
+)
+
+ENTRY_POINT_GROUP = "harness.kernels"
+
+_REGISTRY: dict[str, KernelSpec] = {}
+_LOADED = False
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    """Add ``spec``; a second spec under the same name is an error (names are record keys)."""
+    old = _REGISTRY.get(spec.name)
+    if old is not None and old is not spec:
+        raise InvalidArgument(f"kernel name={spec.name!r} is registered twice; kernel names must be unique")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def _flatten(obj) -> Iterable[KernelSpec]:
+    if isinstance(obj, KernelSpec):
+        yield obj
+    elif callable(obj) and not isinstance(obj, type):
+        yield from _flatten(obj())
+    else:
+        for item in obj:
+            yield from _flatten(item)
+
+
+def _load_builtin() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    for module in BUILTIN_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name == module:  # a module not written yet is not an error of the user's
+                continue
+            raise
+        for spec in getattr(mod, "KERNELS", ()):
+            register(spec)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        for spec in _flatten(ep.load()):
+            register(spec)
+
+
+def all_kernels(family: Family | str | None = None) -> list[KernelSpec]:
+    """Every registered kernel (of ``family`` when given), in registration order."""
+    _load_builtin()
+    fam = Family.parse(family) if family is not None else None
+    return [s for s in _REGISTRY.values() if fam is None or s.family is fam]
+
+
+def get(name: str) -> KernelSpec:
+    """The kernel registered as ``name``."""
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise InvalidArgument(f"kernel={name!r} is not registered; known kernels: {known}") from None
+
+
+def available_kernels(family: Family | str | None = None) -> list[KernelSpec]:
+    return [s for s in all_kernels(family) if s.unavailable_reason() is None]
+
+
+def resolve_target(target: str) -> Callable:
+    """``package.module:attr`` or ``path/to/file.py:attr`` -> the object it names.
+
+    Raises `InvalidArgument` naming the target when it cannot be found or is not callable.
+    """
+    if ":" not in target:
+        raise InvalidArgument(
+            f"kernel={target!r} is not a target; expected 'package.module:attr' or 'path/to/file.py:attr'"
+        )
+    where, _, attr = target.rpartition(":")
+    if where.endswith(".py") or "/" in where or Path(where).suffix == ".py":
+        path = Path(where)
+        if not path.is_file():
+            raise InvalidArgument(f"kernel={target!r}: file {str(path)!r} does not exist")
+        mod_name = f"_harness_user_{abs(hash(str(path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise InvalidArgument(f"kernel={target!r}: {str(path)!r} cannot be imported as a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise InvalidArgument(f"kernel={target!r}: module {where!r} cannot be imported ({exc})") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InvalidArgument(f"kernel={target!r}: {where!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise InvalidArgument(f"kernel={target!r} names a {type(obj).__name__}, which is not callable")
+    return obj

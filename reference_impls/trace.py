@@ -1,0 +1,35 @@
+"""`Trace`: what an oracle saw while computing its float64 output.
+
+The harness's metrics need more than the output to judge a kernel fairly:
+
+- ``magnitude``: the same recurrence run on absolute values, mapped through the output map. For
+  ``h_t = a_t h_{t-1} + b_t`` it is ``H_t = |a_t| H_{t-1} + |b_t|``; for ``y = C.h + D u`` it is
+  ``sum_n |C_n| H_n + |D u|``. A tree-shaped (parallel) scan of depth d may make an error of about
+  ``d * u * magnitude``.
+- ``growth``: how rounding accumulates in the plain sequential loop,
+  ``W_t = |a_t| (W_{t-1} + H_{t-1}) + |b_t|``, mapped through the output map the same way. A correct
+  sequential loop in a dtype with unit roundoff u errs by at most about ``u * growth``.
+- ``state_peak``: the running maximum over t' <= t of |state| among the state entries that feed the
+  output element (all N state entries of a channel, all dk rows of a retention column). An output can be
+  representable while the state behind it has already overflowed the dtype; this is how the harness
+  tells an input that overflows the dtype from a kernel bug.
+- ``decay_peak``: the running maximum over t' <= t of the largest product of |decay| over any window
+  ending at t' (``P_t = |a_t| * max(P_{t-1}, 1)``): the partial products a parallel scan forms.
+
+All fields are float64 CPU tensors with the shape of ``out``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Trace:
+    out: torch.Tensor
+    magnitude: torch.Tensor
+    growth: torch.Tensor
+    state_peak: torch.Tensor
+    decay_peak: torch.Tensor
