@@ -1,1 +1,14 @@
-"""Root conftest: makes the repository importable when the package is not installed."""
+"""Root conftest: registers the hypothesis profiles (dev, ci, nightly) and loads ``ci`` by default.
+
+``--hypothesis-profile NAME`` (hypothesis's own pytest option) or ``HYPOTHESIS_PROFILE`` picks another;
+hypothesis shows the active profile in the pytest header.
+"""
+
+import os
+
+from hypothesis import settings
+
+from harness.settings import DEFAULT_PROFILE, register_profiles
+
+register_profiles()
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", DEFAULT_PROFILE))

@@ -115,11 +115,25 @@ class Capabilities:
     max_state: int | None = None  # selective_scan: largest N; retention: largest dk/dv
     head_dims: tuple[int, ...] | None = None  # retention: allowed dk/dv values (None: any)
     unsupported: dict[str, str] = field(default_factory=dict)
+    slow: bool = False  # run by an interpreter (Triton on the CPU): the suite draws fewer, shorter cases
+    #: Declared internal precision: input dtype -> the dtype the kernel really computes in (e.g.
+    #: ``{"float64": "float32"}`` for a kernel whose norm or state is float32 whatever the input). The
+    #: case still runs in the input dtype; the verdict holds it to the declared precision's rounding and
+    #: the report shows the declaration, so the floor it causes is explained, not hidden.
+    computes_in: dict[str, str] = field(default_factory=dict)
+    #: retention_normed: the norm eps values at which the kernel is the oracle's function (None: any).
+    #: A kernel that rescales rows before its norm agrees with the plain normed retention only at
+    #: eps = 0; the suite then draws eps = 0, and sweeps show the eps effect separately.
+    eps_values: tuple[float, ...] | None = None
     notes: str = ""
 
     @property
     def takes_chunk(self) -> bool:
         return self.chunk_sizes is not None
+
+    def precision(self, dtype: str) -> str:
+        """The dtype whose rounding the verdict expects for inputs of ``dtype``."""
+        return self.computes_in.get(dtype, dtype)
 
     def runs(self, dtype: str, device: str) -> str | None:
         """None if (dtype, device) is in range, else the reason it is not."""

@@ -1,0 +1,62 @@
+# Numerical-equivalence harness: set-up, tests, reports, sweeps, benchmarks.
+# `make install && make report` is the main job on its defaults; `make test` is the CI gate.
+
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+# The CPU build of torch. On a machine without torch this is what gets installed (an unpinned torch
+# would pull a multi-GB CUDA build); a machine that already has torch (a GPU box) keeps its own.
+TORCH_CPU ?= torch==2.13.0
+# Third-party kernels driven through adapters. --no-deps: torchscale declares fairscale and timm, which
+# the retention code never uses and which drag a large tree (see docs/adapters.md); triton provides
+# the interpreter that runs fla's and accelerated-scan's Triton kernels on the CPU.
+THIRD_PARTY ?= mambapy==1.2.0 torchscale==0.3.0 yet-another-retnet==0.5.1 accelerated-scan==0.3.1 \
+               fla-core==0.6.0 einops triton==3.9.0
+PYTEST_WORKERS ?= 2
+RUN ?= reports/latest
+PROFILE ?= ci
+
+.PHONY: install install-kernels test test-fast test-gpu report sweep seeds bench gate baseline calibrate clean
+
+install:
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_CPU)"
+	$(PIP) install -e ".[test]"
+	$(MAKE) install-kernels
+
+install-kernels:
+	$(PIP) install --no-deps $(THIRD_PARTY)
+
+test:
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --hypothesis-profile=$(PROFILE) --harness-report-dir reports/test-run
+
+test-fast:
+	$(PYTHON) -m pytest -x -q --hypothesis-profile=dev -m "not thirdparty"
+
+test-gpu:
+	bash scripts/gpu_check.sh reports/gpu
+
+report:
+	$(PYTHON) -m harness sweep default --report-dir $(RUN) --quiet
+
+sweep:
+	$(PYTHON) -m harness sweep $(or $(NAME),default) --report-dir reports/sweep-$(or $(NAME),default)
+
+seeds:
+	$(PYTHON) -m harness sweep mamba_seed --report-dir reports/mamba-seed --quiet || true
+	$(PYTHON) -m harness sweep retnet_seed --report-dir reports/retnet-seed --quiet || true
+
+bench:
+	$(PYTHON) -m harness.bench --out reports/bench
+
+gate: report
+	$(PYTHON) -m harness gate $(RUN) --baseline reports/baseline
+
+baseline:
+	$(PYTHON) -m harness sweep baseline --report-dir reports/baseline-run --quiet
+	$(PYTHON) -m harness update-baseline reports/baseline-run --baseline reports/baseline
+
+calibrate:
+	$(PYTHON) -m harness.calibrate --out docs/calibration.md
+
+clean:
+	rm -rf reports/latest reports/test-run reports/sweep-* reports/*-seed reports/check-* .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,107 @@
+"""`check`: drive one kernel over property-based cases from Python (and `harness check`).
+
+Hypothesis draws problems inside the kernel's capabilities and the profile's limits, climbs towards
+the worst inputs with `hypothesis.target` on the condition-normalized error, and shrinks a failure to
+a minimal case, which is saved under ``cases/counterexamples/`` (or ``counterexample_dir``). Every
+case run is appended to the store as it is measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.errors import DivergenceError, InvalidArgument
+from harness.kernels.contract import ALL_DTYPES, Capabilities, Family, KernelSpec
+
+#: Verdicts that fail a check; out_of_domain is a finding about the inputs, not the kernel.
+FAILING_VERDICTS = frozenset({"divergent", "kernel_error"})
+
+
+def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | str | None,
+                     name: str | None = None, capabilities: Capabilities | None = None) -> KernelSpec:
+    """A `KernelSpec` for a user kernel: a callable, a ``module:attr`` / ``file.py:attr`` target, or a spec."""
+    from harness.kernels.registry import resolve_target
+
+    obj = resolve_target(target) if isinstance(target, str) else target
+    if isinstance(obj, KernelSpec):
+        return obj
+    if family is None:
+        raise InvalidArgument(f"family=None: a plain callable ({target!r}) needs --family; "
+                              f"expected one of {[f.value for f in Family]}")
+    if not callable(obj):
+        raise InvalidArgument(f"kernel={target!r} is a {type(obj).__name__}, which is not callable")
+    label = name or (target if isinstance(target, str) else getattr(obj, "__qualname__", "kernel"))
+    return KernelSpec(name=f"user.{label}" if not str(label).startswith("user.") else str(label),
+                      family=Family.parse(family), load=lambda: obj,
+                      capabilities=capabilities or Capabilities(devices=("cpu", "cuda")), source="user")
+
+
+@dataclass
+class CheckResult:
+    """What `check` found: every record taken, and the shrunk failure if there was one."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    failure: dict[str, Any] | None = None
+    counterexample: Path | None = None
+    message: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+
+def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = None, profile: str | None = None,
+          dtypes: tuple[str, ...] | None = None, device: str = "cpu", max_length: int | None = None,
+          max_examples: int | None = None, policy=None, store=None, counterexample_dir: Path | None = None,
+          save_counterexample: bool = True, check_determinism: bool = True) -> CheckResult:
+    """Run the property-based search on one kernel; never raises for what the kernel does."""
+    from hypothesis import given, settings, target as hyp_target
+
+    from harness.cases import save_counterexample as _save
+    from harness.runner import RunOptions, run_case
+    from harness.settings import active_profile, limits, register_profiles
+    from harness.strategies import problems
+    from harness.verdict import Policy, format_failure, judge
+
+    register_profiles()
+    spec = user_kernel_spec(fn, family=family)
+    if dtypes:
+        bad = [d for d in dtypes if d not in ALL_DTYPES]
+        if bad:
+            raise InvalidArgument(f"dtypes={list(dtypes)!r} contains {bad}; expected a subset of {list(ALL_DTYPES)}")
+    reason = spec.unavailable_reason()
+    if reason:
+        raise InvalidArgument(f"kernel {spec.name!r} is unavailable here: {reason}")
+    profile = profile or active_profile()
+    lim = limits(profile)
+    options = RunOptions(policy=policy or Policy(), check_determinism=check_determinism)
+    result = CheckResult()
+    examples = max_examples or lim.max_examples
+
+    @settings(settings.get_profile(profile), max_examples=examples)
+    @given(problems(spec, dtypes=dtypes, device=device, max_length=max_length, profile=profile))
+    def search(problem):
+        record = run_case(spec, problem, options, store=store)
+        result.records.append(record)
+        cond = record.get("cond_max")
+        if isinstance(cond, (int, float)) and cond == cond and cond != float("inf"):
+            hyp_target(float(cond), label="cond_max")
+        if record["verdict"] in FAILING_VERDICTS:
+            result.failure = record
+            if save_counterexample:
+                result.counterexample = _save(record, problem, directory=counterexample_dir,
+                                              kernel_target=fn if isinstance(fn, str) else None)
+            raise DivergenceError(format_failure(record, judge(record, options.policy), replay=record["replay"]))
+
+    try:
+        search()
+        result.failure = None
+    except DivergenceError as exc:
+        result.message = str(exc)
+    return result

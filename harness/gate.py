@@ -1,0 +1,336 @@
+"""Comparing a run against a stored baseline, and the language that says when that fails.
+
+A kernel repository keeps a baseline run (``reports/baseline``: its records and header, committed) and
+gates every change against it: ``harness gate reports/latest --baseline reports/baseline`` or
+``pytest --harness-baseline reports/baseline``. Runs are compared *cell by cell*: a cell is the key of
+`harness.report.CELL_KEYS` (kernel, family, dtype, power-of-two length bucket, eps, chunk_size, regime),
+and a cell's metric is the worst (max) value over its cases, as in the report's cells table. Cells are
+used rather than single cases because a property-based run draws different cases every time.
+
+The fail-on language (`parse_fail_on`), comma-separated ``metric:factor`` terms::
+
+    cond:1.5x,rel:2x,ulp:4x,abs:10x
+
+fails a cell whose metric grew by more than the factor (``new > factor * base``). Metric aliases
+(`METRIC_ALIASES`): cond -> cond_max, rel -> max_rel, abs -> max_abs, ulp -> ulp_p99, rms -> rms_ratio,
+baseline -> baseline_ratio; the full names are accepted too. A factor is written ``1.5x`` (or ``1.5``)
+or as a percentage of growth, ``50%`` (= 1.5x); it must be at least 1. The default is
+`harness.options.DEFAULT_FAIL_ON` (``cond:1.5x``).
+
+Noise floors (`noise_floor`): growth is ignored when both the baseline's and the new value are at or
+below the metric's floor, so that an error moving between two harmless values (cond 0.001 -> 0.004)
+does not fail the gate:
+
+- ``cond_max``: 0.05, i.e. 5% of the a-priori rounding bound (cond = 1, see `harness.metrics`);
+- ``max_abs``, ``max_rel``, ``rms_ratio``: 4 unit roundoffs of the cell's dtype (2**-53 float64,
+  2**-24 float32, 2**-11 float16, 2**-8 bfloat16, times 4): a few roundings of a value of order one;
+- ``ulp_p99``: 4 ULPs;
+- ``baseline_ratio``: 1.0: both no worse than the plain sequential loop in the same dtype.
+
+Besides metric growth, the gate fails when a cell's worst verdict gets worse (`harness.report.SEVERITY`:
+equivalent -> anything else, out_of_domain -> divergent or kernel_error). A new value that is NaN or
+Inf where the baseline's was finite counts as growth past any factor. Cells only in one run are
+reported (``missing`` / ``added``) and fail only with ``fail_on_missing=True``; but two runs with no
+cell in common fail (nothing was compared: most likely the wrong baseline).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from harness.errors import InvalidArgument
+from harness.options import DEFAULT_FAIL_ON
+from harness.report import CELL_KEYS, cell_table, format_value, severity
+
+#: Short names of the fail-on language -> record fields.
+METRIC_ALIASES: dict[str, str] = {
+    "cond": "cond_max",
+    "rel": "max_rel",
+    "abs": "max_abs",
+    "ulp": "ulp_p99",
+    "rms": "rms_ratio",
+    "baseline": "baseline_ratio",
+}
+
+#: Metrics the gate can watch (each alias's target).
+GATE_METRICS: tuple[str, ...] = tuple(METRIC_ALIASES.values())
+
+#: Absolute noise floors, per metric (the relative ones are `DTYPE_FLOOR_METRICS`).
+ABSOLUTE_FLOORS: dict[str, float] = {"cond_max": 0.05, "ulp_p99": 4.0, "baseline_ratio": 1.0}
+
+#: Metrics whose floor is `FLOOR_ROUNDOFFS` unit roundoffs of the cell's dtype.
+DTYPE_FLOOR_METRICS: frozenset[str] = frozenset({"max_abs", "max_rel", "rms_ratio"})
+FLOOR_ROUNDOFFS = 4.0
+UNIT_ROUNDOFF: dict[str, float] = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+_FACTOR = re.compile(r"^(?P<num>[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(?P<unit>x|%)?$")
+_EXPECTED = "expected 'metric:factor' such as 'cond:1.5x' or 'rel:50%' with metric one of "
+
+
+@dataclass(frozen=True)
+class FailOn:
+    """One term of the fail-on language: fail when ``metric`` grows past ``factor`` times the baseline."""
+
+    metric: str
+    factor: float
+    term: str
+
+    def __str__(self) -> str:
+        return f"{self.metric}>{self.factor:g}x"
+
+
+@dataclass
+class GateResult:
+    """What `gate` decided: ``passed``, one message per failure, and the cell-by-cell diff table."""
+
+    passed: bool
+    failures: list[str]
+    table: pd.DataFrame
+    missing: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    terms: tuple[FailOn, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def summary_markdown(self, max_lines: int = 50) -> str:
+        """The gate's outcome as Markdown (for the terminal and ``$GITHUB_STEP_SUMMARY``)."""
+        terms = ", ".join(t.term for t in self.terms) or "verdicts only"
+        lines = [f"**Gate {'passed' if self.passed else 'FAILED'}** (fail on: {terms}; "
+                 f"{len(self.failures)} failures, {len(self.missing)} missing cells, {len(self.added)} new cells)"]
+        if self.failures:
+            lines.append("")
+            lines += [f"- {f}" for f in self.failures[:max_lines]]
+            if len(self.failures) > max_lines:
+                lines.append(f"- ... {len(self.failures) - max_lines} more")
+        if self.missing and not self.failures:
+            lines.append("")
+            lines += [f"- missing: {m}" for m in self.missing[:max_lines]]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------- the language
+def parse_fail_on(spec: str | None) -> tuple[FailOn, ...]:
+    """Parse ``"cond:1.5x,rel:2x"`` into terms; raise `InvalidArgument` naming a bad term.
+
+    None or an empty string is no term (the gate then fails on verdicts only).
+    """
+    if spec is None:
+        return ()
+    if not isinstance(spec, str):
+        raise InvalidArgument(f"fail_on={spec!r} must be a string; {_EXPECTED}{_metric_names()}")
+    terms: list[FailOn] = []
+    seen: set[str] = set()
+    for raw in spec.split(","):
+        term = raw.strip()
+        if not term:
+            continue
+        name, sep, factor_text = term.partition(":")
+        name, factor_text = name.strip().lower(), factor_text.strip().lower()
+        if not sep or not name or not factor_text:
+            raise InvalidArgument(f"fail_on term {term!r} is not of the form metric:factor; "
+                                  f"{_EXPECTED}{_metric_names()}")
+        metric = METRIC_ALIASES.get(name, name)
+        if metric not in GATE_METRICS:
+            raise InvalidArgument(f"fail_on term {term!r} names an unknown metric {name!r}; "
+                                  f"{_EXPECTED}{_metric_names()}")
+        m = _FACTOR.match(factor_text)
+        if m is None:
+            raise InvalidArgument(f"fail_on term {term!r} has a factor {factor_text!r} that is not a number; "
+                                  f"{_EXPECTED}{_metric_names()}")
+        value = float(m.group("num"))
+        factor = 1.0 + value / 100.0 if m.group("unit") == "%" else value
+        if not math.isfinite(factor) or factor < 1.0:
+            raise InvalidArgument(f"fail_on term {term!r} has factor {factor:g}, which must be at least 1 "
+                                  "(it is the growth allowed: 1.5x lets a metric grow by half)")
+        if metric in seen:
+            raise InvalidArgument(f"fail_on term {term!r} repeats metric {metric!r}; give each metric once")
+        seen.add(metric)
+        terms.append(FailOn(metric=metric, factor=factor, term=term))
+    return tuple(terms)
+
+
+def _metric_names() -> str:
+    return ", ".join(f"{a} ({m})" for a, m in METRIC_ALIASES.items())
+
+
+def noise_floor(metric: str, dtype: str | None) -> float:
+    """The value at or below which growth of ``metric`` is noise (see the module docstring)."""
+    if metric in DTYPE_FLOOR_METRICS:
+        return FLOOR_ROUNDOFFS * UNIT_ROUNDOFF.get(str(dtype), UNIT_ROUNDOFF["float32"])
+    return ABSOLUTE_FLOORS.get(metric, 0.0)
+
+
+# ------------------------------------------------------------------------------------------ the diff
+def _ratio(base: float, new: float) -> float:
+    if math.isnan(base) or math.isnan(new):
+        return math.nan
+    if math.isinf(new) or math.isinf(base):
+        return math.nan if math.isinf(new) and math.isinf(base) else (math.inf if math.isinf(new) else 0.0)
+    if base == 0:
+        return 1.0 if new == 0 else math.inf
+    return new / base
+
+
+def cell_label(row: Mapping[str, Any]) -> str:
+    """``kernel=k family=f dtype=d length=64-127 regime=r`` (eps and chunk_size when set)."""
+    parts = [f"kernel={row['kernel']}", f"family={row['family']}", f"dtype={row['dtype']}",
+             f"length={row['length_bucket']}"]
+    if row.get("eps") not in (None, "-"):
+        parts.append(f"eps={row['eps']}")
+    if row.get("chunk_size") not in (None, "-"):
+        parts.append(f"chunk_size={row['chunk_size']}")
+    parts.append(f"regime={row['regime']}")
+    return " ".join(parts)
+
+
+def diff_runs(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Cell by cell, what changed between two runs, worst first.
+
+    Columns: the cell key (`CELL_KEYS`), ``status`` (``both``, ``missing``: only in the base,
+    ``added``: only in the new run), ``base_n``/``new_n`` (cases), ``base_verdict``/``new_verdict``
+    (the cell's worst verdict), ``verdict_change`` (-1, 0, +1: better, same, worse), for each metric of
+    `GATE_METRICS` ``base_<m>``, ``new_<m>``, ``ratio_<m>`` (new / base), and ``worst_ratio``.
+    Rows: worsened verdicts first, then the largest metric ratio, then missing and added cells.
+    """
+    base = cell_table(base_records).set_index(list(CELL_KEYS))
+    new = cell_table(new_records).set_index(list(CELL_KEYS))
+    keys = sorted(set(base.index) | set(new.index))
+    rows = []
+    for key in keys:
+        in_base, in_new = key in base.index, key in new.index
+        b = base.loc[key] if in_base else None
+        n = new.loc[key] if in_new else None
+        row: dict[str, Any] = dict(zip(CELL_KEYS, key))
+        row["status"] = "both" if in_base and in_new else ("missing" if in_base else "added")
+        row["base_n"] = int(b["n"]) if b is not None else 0
+        row["new_n"] = int(n["n"]) if n is not None else 0
+        row["base_verdict"] = str(b["worst_verdict"]) if b is not None else "-"
+        row["new_verdict"] = str(n["worst_verdict"]) if n is not None else "-"
+        if b is not None and n is not None:
+            sb, sn = severity(row["base_verdict"]), severity(row["new_verdict"])
+            row["verdict_change"] = (sn > sb) - (sn < sb)
+        else:
+            row["verdict_change"] = 0
+        ratios = []
+        for m in GATE_METRICS:
+            bv = float(b[m]) if b is not None else math.nan
+            nv = float(n[m]) if n is not None else math.nan
+            row[f"base_{m}"], row[f"new_{m}"] = bv, nv
+            r = _ratio(bv, nv)
+            row[f"ratio_{m}"] = r
+            if not math.isnan(r):
+                ratios.append(r)
+        row["worst_ratio"] = max(ratios) if ratios else math.nan
+        rows.append(row)
+    status_rank = {"both": 0, "missing": 1, "added": 2}
+    rows.sort(key=lambda r: (status_rank[r["status"]], -r["verdict_change"],
+                             -(r["worst_ratio"] if not math.isnan(r["worst_ratio"]) else -math.inf),
+                             tuple(str(r[k]) for k in CELL_KEYS)))
+    columns = [*CELL_KEYS, "status", "base_n", "new_n", "base_verdict", "new_verdict", "verdict_change",
+               *(f"{p}_{m}" for m in GATE_METRICS for p in ("base", "new", "ratio")), "worst_ratio"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+# ------------------------------------------------------------------------------------------ the gate
+def gate_records(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[Mapping[str, Any]],
+                 fail_on: str | Sequence[FailOn] | None = DEFAULT_FAIL_ON, *,
+                 fail_on_missing: bool = False) -> GateResult:
+    """`gate` on records already in memory."""
+    terms = tuple(fail_on) if isinstance(fail_on, (tuple, list)) else parse_fail_on(
+        DEFAULT_FAIL_ON if fail_on is None else fail_on)
+    table = diff_runs(base_records, new_records)
+    failures: list[str] = []
+    missing: list[str] = []
+    added: list[str] = []
+    for row in table.to_dict("records"):
+        label = cell_label(row)
+        if row["status"] == "missing":
+            missing.append(f"{label}: in the baseline ({row['base_n']} cases, {row['base_verdict']}), not in this run")
+            continue
+        if row["status"] == "added":
+            added.append(f"{label}: new in this run ({row['new_n']} cases, {row['new_verdict']})")
+            continue
+        if row["verdict_change"] > 0:
+            failures.append(f"{label}: verdict {row['base_verdict']} -> {row['new_verdict']} "
+                            f"(baseline {row['base_n']} cases, now {row['new_n']})")
+        for term in terms:
+            bv, nv = row[f"base_{term.metric}"], row[f"new_{term.metric}"]
+            if _grew(term, bv, nv, row["dtype"]):
+                ratio = row[f"ratio_{term.metric}"]
+                how = "x" + format_value(ratio, "{:.3g}") if math.isfinite(ratio) else "to a non-finite value"
+                failures.append(f"{label}: {term.metric} grew {format_value(bv, '{:.3g}')} -> "
+                                f"{format_value(nv, '{:.3g}')} ({how}; allowed {term.factor:g}x by '{term.term}')")
+    if fail_on_missing:
+        failures += [f"missing cell {m}" for m in missing]
+    if len(table) and not (table["status"] == "both").any():
+        failures.append(f"no cell of this run matches the baseline ({len(missing)} baseline cells, {len(added)} new "
+                        "cells): nothing was compared; is it the baseline of these kernels?")
+    return GateResult(passed=not failures, failures=failures, table=table, missing=missing, added=added,
+                      terms=terms)
+
+
+def _grew(term: FailOn, base: float, new: float, dtype: str) -> bool:
+    if math.isnan(base) or math.isinf(base):
+        return False  # nothing to grow from (missing, or already non-finite)
+    if math.isnan(new) or math.isinf(new):
+        return True
+    floor = noise_floor(term.metric, dtype)
+    if base <= floor and new <= floor:
+        return False
+    return new > term.factor * base
+
+
+def gate(baseline_dir: str | os.PathLike, new_dir: str | os.PathLike, fail_on: str | None = DEFAULT_FAIL_ON, *,
+         fail_on_missing: bool = False) -> GateResult:
+    """Compare the run in ``new_dir`` with the baseline in ``baseline_dir`` (see the module docstring)."""
+    from harness.store import load_records
+
+    base_path, new_path = Path(baseline_dir), Path(new_dir)
+    if not base_path.is_dir():
+        raise InvalidArgument(f"baseline_dir={str(baseline_dir)!r} is not a directory; create the baseline with "
+                              "`harness update-baseline RUN_DIR --baseline DIR` (harness.gate.update_baseline)")
+    base_records = load_records(base_path)
+    if not base_records:
+        raise InvalidArgument(f"baseline_dir={str(baseline_dir)!r} holds no records (records*.jsonl); create it "
+                              "with `harness update-baseline RUN_DIR --baseline DIR`")
+    new_records = load_records(new_path) if new_path.is_dir() else []
+    if not new_records:
+        raise InvalidArgument(f"new_dir={str(new_dir)!r} holds no records (records*.jsonl); run a sweep or a "
+                              "check with --report-dir first")
+    return gate_records(base_records, new_records, fail_on, fail_on_missing=fail_on_missing)
+
+
+def update_baseline(run_dir: str | os.PathLike, baseline_dir: str | os.PathLike = "reports/baseline") -> Path:
+    """Make the run in ``run_dir`` the baseline: its records (merged, one file) and header (run.json).
+
+    Records of an earlier baseline are replaced; other files in ``baseline_dir`` are left alone.
+    """
+    from harness.report import canonical_order
+    from harness.store import HEADER_FILE, RECORDS_GLOB, load_records, write_records
+
+    src, dst = Path(run_dir), Path(baseline_dir)
+    records = load_records(src) if src.is_dir() else []
+    if not records:
+        raise InvalidArgument(f"run_dir={str(run_dir)!r} holds no records (records*.jsonl); nothing to make the "
+                              "baseline from")
+    if src.resolve() == dst.resolve():
+        raise InvalidArgument(f"run_dir={str(run_dir)!r} is the baseline itself; pass another run directory")
+    dst.mkdir(parents=True, exist_ok=True)
+    for old in dst.glob(RECORDS_GLOB):
+        old.unlink()
+    write_records(dst / "records.jsonl", canonical_order(records))
+    header = src / HEADER_FILE
+    if header.is_file():
+        shutil.copyfile(header, dst / HEADER_FILE)
+    else:
+        (dst / HEADER_FILE).unlink(missing_ok=True)
+    return dst

@@ -1,0 +1,143 @@
+"""Adapters for mamba-ssm (``pip install mamba-ssm``, https://github.com/state-spaces/mamba): CUDA only.
+
+mamba-ssm builds a CUDA extension (``selective_scan_cuda``) at install time and imports it from
+``mamba_ssm.ops.selective_scan_interface``, so neither installs nor imports on a machine without CUDA;
+both kernels here then report the package missing or CUDA absent.
+
+- ``mamba_ssm.selective_scan_fn``: ``selective_scan_fn(u, delta, A, B, C, D, z, delta_bias,
+  delta_softplus)`` *is* our selective_scan contract (same names, layouts and meaning): u, delta
+  (batch, dim, L); A (dim, N); B, C (batch, N, L) or grouped (batch, G, N, L); D, delta_bias (dim,);
+  z (batch, dim, L). The CUDA kernel takes inputs in float32, float16 or bfloat16 (no float64), ``A``,
+  ``D`` and ``delta_bias`` in float32 only (its ``TORCH_CHECK``s), and N <= 256. The adapter upcasts A, D
+  and delta_bias to float32 (exact from any of the three input dtypes) and passes the rest as given, as
+  ``mamba_ssm.modules.mamba_simple.Mamba`` does (``A = -exp(A_log.float())``).
+- ``mamba_ssm.selective_state_update``: the Triton single-step kernel
+  ``mamba_ssm.ops.triton.selective_state_update.selective_state_update(state, x, dt, A, B, C, D, z,
+  dt_bias, dt_softplus)``, called once per step by the adapter on a zero state that the adapter owns
+  (the kernel updates it in place: that is its API). Ungrouped B/C use the 3-D form (state (batch, dim,
+  N)); grouped B/C (batch, G, N, L) use the multi-head form of mamba-ssm >= 2 with ``nheads = G``,
+  ``headdim = dim // G``. The state is kept in the input dtype, as ``Mamba.allocate_inference_cache``
+  does by default; the kernel computes each step in float32.
+
+Left out, with the reason in docs/adapters.md: ``mamba_chunk_scan_combined`` (Mamba-2's SSD). It takes
+a scalar ``A`` per head (shape (nheads,)) and a ``dt`` per head, whereas this family's A is one value
+per (channel, state) pair and delta one per channel; it computes a different (restricted) recurrence,
+and fitting it here would need a family of its own (x (B, L, H, P), dt (B, L, H), A (H,), B, C
+(B, L, G, N)).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from harness.errors import KernelUnavailable
+from harness.kernels.contract import Capabilities, Family, KernelSpec, require_cuda, require_module
+
+__all__ = ["KERNELS"]
+
+PACKAGE = "mamba-ssm"
+
+
+def _copy(t: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """A fresh contiguous copy (optionally upcast): the package never gets the harness's own tensors."""
+    if t is None:
+        return None
+    return t.to(dtype=dtype or t.dtype, memory_format=torch.contiguous_format, copy=True)
+
+
+def _import(module: str):
+    """``module`` from mamba-ssm, then CUDA; the reason names both when both are missing."""
+    try:
+        mod = require_module(module, package=PACKAGE)
+    except KernelUnavailable as exc:
+        if torch.cuda.is_available():
+            raise
+        raise KernelUnavailable(f"{exc.reason}; it would not run here anyway: mamba-ssm builds CUDA extensions at "
+                                "install time and its kernels need a CUDA device, and this machine has none") from None
+    require_cuda()
+    return mod
+
+
+def _load_selective_scan_fn() -> Callable:
+    fn = _import("mamba_ssm.ops.selective_scan_interface").selective_scan_fn
+    f32 = torch.float32
+
+    def mamba_ssm_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+        y = fn(_copy(u), _copy(delta), _copy(A, f32), _copy(B), _copy(C), D=_copy(D, f32), z=_copy(z),
+               delta_bias=_copy(delta_bias, f32), delta_softplus=bool(delta_softplus))
+        return y.to(u.dtype)
+
+    return mamba_ssm_selective_scan
+
+
+def _load_selective_state_update() -> Callable:
+    fn = _import("mamba_ssm.ops.triton.selective_state_update").selective_state_update
+
+    def mamba_ssm_state_update_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+        batch, dim, length = u.shape
+        n = A.shape[1]
+        u, delta, A, B, C, D, z, delta_bias = (_copy(t) for t in (u, delta, A, B, C, D, z, delta_bias))
+        if B.dim() == 3:  # (batch, N, L): the 3-D form, state (batch, dim, N)
+            g, p = 1, dim
+            state = torch.zeros(batch, dim, n, dtype=u.dtype, device=u.device)
+            a, d, db = A, D, delta_bias
+
+            def per_head(t):  # (batch, dim) as is
+                return t
+        else:  # (batch, G, N, L): the multi-head form, nheads = G, headdim = dim // G
+            g = B.shape[1]
+            p = dim // g
+            state = torch.zeros(batch, g, p, n, dtype=u.dtype, device=u.device)
+            a = A.reshape(g, p, n)
+            d = None if D is None else D.reshape(g, p)
+            db = None if delta_bias is None else delta_bias.reshape(g, p)
+
+            def per_head(t):  # (batch, dim) -> (batch, G, dim // G)
+                return t.reshape(batch, g, p)
+        outs = []
+        for t in range(length):
+            out = fn(state, per_head(u[..., t]), per_head(delta[..., t]), a, B[..., t], C[..., t], D=d,
+                     z=None if z is None else per_head(z[..., t]), dt_bias=db, dt_softplus=bool(delta_softplus))
+            outs.append(out.reshape(batch, dim))
+        return torch.stack(outs, dim=-1).to(u.dtype)
+
+    return mamba_ssm_state_update_scan
+
+
+KERNELS: list[KernelSpec] = [
+    KernelSpec(
+        name="mamba_ssm.selective_scan_fn",
+        family=Family.SELECTIVE_SCAN,
+        load=_load_selective_scan_fn,
+        capabilities=Capabilities(
+            dtypes=("float32", "float16", "bfloat16"),
+            devices=("cuda",),
+            max_state=256,
+            autograd=True,
+            unsupported={"float64": "selective_scan_cuda is built for float32, float16 and bfloat16 inputs only",
+                         "cpu": "selective_scan_cuda is a CUDA kernel"},
+            notes="A, D, delta_bias upcast to float32 (the kernel's requirement); the rest as given",
+        ),
+        description="mamba_ssm.ops.selective_scan_interface.selective_scan_fn (CUDA)",
+        source=PACKAGE,
+    ),
+    KernelSpec(
+        name="mamba_ssm.selective_state_update",
+        family=Family.SELECTIVE_SCAN,
+        load=_load_selective_state_update,
+        capabilities=Capabilities(
+            dtypes=("float32", "float16", "bfloat16"),
+            devices=("cuda",),
+            autograd=False,
+            unsupported={"cpu": "mamba-ssm's Triton kernels are launched under torch.cuda.device(...): CUDA only",
+                         "float64": "the kernel computes each step in float32 (x, dt, A, B, C, D, z loaded "
+                                    ".to(tl.float32))"},
+            notes="the Triton single-step kernel called once per step on a zero state in the input dtype; "
+                  "grouped B/C through the multi-head form (mamba-ssm >= 2)",
+        ),
+        description="mamba_ssm selective_state_update (Triton), stepped over the sequence",
+        source=PACKAGE,
+    ),
+]

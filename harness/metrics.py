@@ -1,0 +1,848 @@
+"""Measuring a kernel's output against its float64 oracle: the `Divergence` record.
+
+`measure` compares one kernel output with the oracle's `reference_impls.trace.Trace` (and, when given,
+the same-dtype sequential baseline) and returns a `Divergence`: numbers only. It never raises on what a
+kernel returned (NaN, Inf, zeros, a wrong shape, not a tensor at all); a bad *caller* argument (an
+unknown dtype, a length axis the output does not have) raises `harness.errors.InvalidArgument`.
+Judging the numbers is `harness.verdict`'s job; measuring and judging are kept apart so that a policy
+can be recalibrated on stored records without rerunning kernels.
+
+All differences are taken in float64 on the CPU, after upcasting the kernel's output.
+
+The condition-normalized error (the one number the verdict thresholds)
+----------------------------------------------------------------------
+For every output element::
+
+    cond = |x - out| / (u * (growth + depth * magnitude) + tiny_floor)
+
+- ``u`` is the unit roundoff of the kernel's dtype (`harness.dtypes`; TF32's when ``tf32=True``).
+- ``growth`` (from the trace) bounds what the plain sequential loop in that dtype may err: a loop
+  ``h_t = a_t h_{t-1} + b_t`` makes at most about ``u * growth`` (Higham, *Accuracy and Stability of
+  Numerical Algorithms*, ch. 3: each multiply-add adds one rounding of the quantities it touches).
+- ``depth * magnitude``: a tree-shaped scan (Blelloch, Hillis-Steele, chunked forms) combines partial
+  products and sums in ``depth`` levels; every level rounds quantities bounded by the absolute-value
+  recurrence ``magnitude``, so it adds about ``depth * u * magnitude``. ``depth = ceil(log2 L) + 1``
+  by default: the levels of a binary tree over the length plus one for the output map. The output's
+  own rounding to the dtype (at most ``u * |out| <= u * magnitude``) is inside that term, since
+  ``depth >= 1``.
+- ``tiny_floor`` is the dtype's smallest normal number, so that differences at underflow level
+  (subnormal noise, values that flush to zero) are not charged.
+
+``cond <= 1`` means "within the a-priori bound"; the bound is pessimistic (it adds worst cases), so a
+correct kernel sits well below 1. The same threshold means the same for float32 at L=64 and bfloat16 at
+L=65536, which a fixed ``rtol``/``atol`` cannot.
+
+The domain
+----------
+An input can overflow the dtype in exact arithmetic: the hidden state (or a product of decays that a
+parallel scan forms) exceeds the dtype's largest finite value while the output is still representable.
+Every correct form then returns NaN or Inf from that point on, so those elements are an input-domain
+finding, not a kernel bug. An element is *in domain* when, along its own row (every index except the
+length axis: a (batch, channel) of a scan, a (batch, head, column) of retention)
+
+    state_peak <= M  and  decay_peak <= M  at every position up to and including t, and |out| <= M,
+
+with ``M = max_finite / (1 + depth * u)`` (a margin of the tree's rounding below the dtype's maximum, so
+that a state within rounding of the maximum is not held against a kernel). The peaks are running maxima,
+so the state condition excludes a suffix of each row; the output condition excludes single elements.
+A kernel that gives Inf where the oracle plus ``cond_threshold`` times the bound exceeds the maximum is
+also counted out of domain (the bound admits that overflow). Elements out of domain are not compared.
+
+Non-finite values are classified before any number is compared (numpy.testing's order), see
+`NONFINITE_CLASSES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from harness import dtypes
+from harness.errors import InvalidArgument
+
+#: The condition-normalized error above which an element counts as mismatched. 1.0 is the a-priori
+#: bound itself (see the module docstring); `harness.verdict.COND_THRESHOLD` is this constant, kept here
+#: because `measure` counts mismatches and finds the onset against it.
+COND_THRESHOLD: float = 1.0
+
+#: The least baseline cond error the baseline ratio divides by: ``cond_max / max(baseline_cond_max,
+#: BASELINE_FLOOR)``. A baseline that happens to be exact (cond 0) would make any error an infinite
+#: ratio; with the floor at 1/16 of the bound an exact baseline leaves the decision to the cond rule
+#: (``BASELINE_FACTOR * BASELINE_FLOOR = 1/8 < COND_THRESHOLD``), which is what it should do.
+BASELINE_FLOOR: float = 2.0**-4
+
+#: At most this many (t, max cond error) pairs in `Divergence.error_by_position`.
+MAX_POSITION_SAMPLES: int = 64
+
+#: ``Divergence.nonfinite_class`` values, in the order of precedence used to pick one:
+NONFINITE_CLASSES: tuple[str, ...] = (
+    # the kernel is NaN/Inf where the oracle is finite and in domain: a kernel bug
+    "kernel_nonfinite",
+    # both non-finite but of different kinds (NaN vs +-Inf, +Inf vs -Inf); happens only where the
+    # exact output itself overflows the dtype (out of domain), so it is reported, not judged
+    "nan_vs_inf",
+    # non-finite values only where the inputs overflow the dtype in exact arithmetic (out of domain)
+    "expected_overflow",
+    # every non-finite value of the kernel is the oracle's own (rounded to the dtype), same kind
+    "agree",
+    # all finite; the kernel gives 0 where the oracle is below the dtype's smallest subnormal
+    "expected_underflow",
+    # all finite, nothing special
+    "none",
+)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """What `measure` found for one kernel output: numbers only (see the module docstring).
+
+    Floats that cannot be computed (no compared elements, no baseline) are NaN; positions that do not
+    exist (no mismatch, no overflow) are None. Positions ``*_t`` are indices along the length axis;
+    ``worst_index`` is in the output's own layout, named by ``axis_names``.
+    """
+
+    # -- the case ---------------------------------------------------------------------------------
+    dtype: str = ""
+    tf32: bool = False
+    actual_dtype: str | None = None
+    shape: tuple[int, ...] = ()
+    axis_names: tuple[str, ...] = ()
+    length_axis: int = 0
+    length: int = 0
+    depth: int = 0
+    unit_roundoff: float = math.nan
+    cond_threshold: float = COND_THRESHOLD
+    problem: str | None = None  # why the output could not be compared at all (wrong shape, not a tensor)
+    # -- counts -----------------------------------------------------------------------------------
+    n_elements: int = 0
+    n_in_domain: int = 0
+    n_out_of_domain: int = 0
+    n_compared: int = 0  # in domain and finite in both
+    n_rows: int = 0
+    n_rows_out_of_domain: int = 0
+    # -- plain errors over compared elements ------------------------------------------------------
+    max_abs: float = math.nan
+    max_rel: float = math.nan  # over |ref| > smallest normal
+    rms_ratio: float = math.nan  # ||x - ref|| / ||ref||
+    cosine: float = math.nan
+    ulp_p50: float = math.nan  # on the kernel dtype's grid, against the oracle rounded to it
+    ulp_p99: float = math.nan
+    ulp_max: float = math.nan
+    sig_bits: float = math.nan  # -log2(max_rel), clipped to [0, precision]
+    # -- condition-normalized error ---------------------------------------------------------------
+    cond_p50: float = math.nan
+    cond_p99: float = math.nan
+    cond_max: float = math.nan
+    n_mismatch: int = 0  # cond > cond_threshold, plus kernel NaN/Inf in domain
+    mismatch_frac: float = 0.0  # n_mismatch / n_in_domain
+    worst_index: tuple[int, ...] | None = None
+    worst_t: int | None = None
+    worst_actual: float = math.nan
+    worst_desired: float = math.nan
+    worst_abs: float = math.nan
+    worst_cond: float = math.nan
+    worst_bound: float = math.nan  # the denominator of worst_cond
+    # -- along the length -------------------------------------------------------------------------
+    onset_t: int | None = None  # first t with a mismatched element
+    growth_exponent: float | None = None  # slope of log(max abs error at t) against log(t + 1)
+    cond_growth_exponent: float | None = None  # the same for the max cond error at t
+    max_error_first_half: float = math.nan  # max cond error over t < ceil(L / 2)
+    max_error_second_half: float = math.nan  # ... over the rest
+    error_by_position: tuple[tuple[int, float], ...] = ()
+    # -- non-finite values and the domain ---------------------------------------------------------
+    nonfinite_class: str = "none"
+    n_kernel_nonfinite: int = 0  # anywhere
+    n_kernel_nonfinite_in_domain: int = 0
+    first_nonfinite_t: int | None = None  # first t where the kernel is NaN/Inf in domain
+    n_expected_underflow: int = 0
+    domain_onset_t: int | None = None  # first t with any element out of domain
+    domain_cause: str = "none"  # "state", "decay", "output", "near_overflow", "oracle_nonfinite"
+    state_peak_max: float = math.nan
+    decay_peak_max: float = math.nan
+    # -- the same-dtype sequential baseline -------------------------------------------------------
+    has_baseline: bool = False
+    baseline_max_abs: float = math.nan
+    baseline_cond_max: float = math.nan
+    baseline_n_mismatch: int = 0
+    n_baseline_nonfinite: int = 0  # in domain
+    baseline_problem: str | None = None  # why the baseline could not be compared
+    baseline_ratio: float = math.nan  # cond_max / max(baseline_cond_max, BASELINE_FLOOR)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A flat JSON-friendly dict: ints, floats (inf/NaN allowed), str, bool, None and lists."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            out[f.name] = _plain(getattr(self, f.name))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Divergence":
+        """Rebuild a record from `to_dict` output (unknown keys are ignored, missing ones defaulted)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in names:
+                continue
+            if key in ("shape", "axis_names", "worst_index") and value is not None:
+                value = tuple(value)
+            elif key == "error_by_position" and value is not None:
+                value = tuple((int(t), float(e)) for t, e in value)
+            kwargs[key] = value
+        return cls(**kwargs)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+
+#: Rows are measured in chunks of about this many elements, so that the temporaries of one chunk are
+#: reused by the allocator instead of faulting in fresh pages; whole-tensor temporaries made a
+#: (2, 64, 65536) output take seconds on a 2-core machine, chunks keep it near 0.2-0.4 s.
+CHUNK_ELEMENTS: int = 1 << 19
+
+
+@contextlib.contextmanager
+def _single_threaded() -> Iterator[None]:
+    """Run torch's CPU ops on one thread, restoring the caller's setting afterwards.
+
+    The measurements are memory-bound elementwise passes: a second thread gains little, and when the
+    cores are shared with other processes each of the several hundred parallel regions can wait a
+    scheduler slice for a descheduled worker, which turned 0.2 s into 5-17 s on a busy 2-core machine.
+    """
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _first_true(mask: torch.Tensor) -> int | None:
+    idx = torch.nonzero(mask)
+    return int(idx[0, 0]) if idx.numel() else None
+
+
+def _scale_exponent(m: float) -> int:
+    """e with ``m * 2**-e`` in [0.5, 1) (exact power-of-two scaling); capped so ``2**-e`` stays finite."""
+    return max(math.frexp(m)[1], -1000)
+
+
+class _ScaledSum:
+    """A sum of terms ``s * 2**e`` kept as (acc, exp), so squares of huge float64 values cannot overflow."""
+
+    def __init__(self) -> None:
+        self.acc = 0.0
+        self.exp: int | None = None
+
+    def add(self, s: float, e: int) -> None:
+        if s == 0.0:
+            return
+        if self.exp is None:
+            self.acc, self.exp = s, e
+        elif e > self.exp:
+            self.acc = math.ldexp(self.acc, self.exp - e) + s
+            self.exp = e
+        else:
+            self.acc += math.ldexp(s, e - self.exp)
+
+    def add_squares(self, v: torch.Tensor) -> None:
+        m = float(v.abs().max()) if v.numel() else 0.0
+        if m > 0.0:
+            e = _scale_exponent(m)
+            self.add(float((v * math.ldexp(1.0, -e)).pow_(2).sum()), 2 * e)
+
+    def add_products(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        ma = float(a.abs().max()) if a.numel() else 0.0
+        mb = float(b.abs().max()) if b.numel() else 0.0
+        if ma > 0.0 and mb > 0.0:
+            ea, eb = _scale_exponent(ma), _scale_exponent(mb)
+            s = float(((a * math.ldexp(1.0, -ea)) * (b * math.ldexp(1.0, -eb))).sum())
+            self.add(s, ea + eb)
+
+    def sqrt(self) -> tuple[float, int]:
+        """(m, e) with sqrt(sum) = m * 2**e (the sum of squares is non-negative; exp is even)."""
+        if self.exp is None:
+            return 0.0, 0
+        return math.sqrt(self.acc), self.exp // 2
+
+
+def _quantiles(a: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """Nearest-rank quantiles (the ``ceil(q n)``-th smallest value) of a 1-D float64 array.
+
+    For large inputs each quantile is found in a narrow band estimated from a strided sample and
+    checked by counting, so the result is exact and costs a few passes instead of a full partition.
+    """
+    n = a.size
+    if n == 0:
+        return [math.nan for _ in qs]
+    ranks = [min(n - 1, max(0, math.ceil(q * n) - 1)) for q in qs]
+    if n <= 262_144:
+        part = np.partition(a, sorted(set(ranks)))
+        return [float(part[r]) for r in ranks]
+    step = max(1, n // 65_536)
+    sample = np.sort(a[::step])
+    m = sample.size
+    results: list[float] = []
+    for q, r in zip(qs, ranks):
+        pad = 64 + int(0.002 * m)
+        lo = sample[max(0, int(q * m) - pad)]
+        hi = sample[min(m - 1, int(q * m) + pad)]
+        below = int(np.count_nonzero(a < lo))
+        if lo == hi:  # ties (ULP distances are mostly 0 or 1): count instead of partitioning
+            if below <= r < below + int(np.count_nonzero(a == lo)):
+                results.append(float(lo))
+                continue
+        band = a[(a >= lo) & (a <= hi)]
+        if below <= r < below + band.size:
+            results.append(float(np.partition(band, r - below)[r - below]))
+        else:  # the sample missed the rank; fall back to the full partition
+            results.append(float(np.partition(a, r)[r]))
+    return results
+
+
+def _fit_slope(e: torch.Tensor) -> float | None:
+    """Least-squares slope of log(e[t]) against log(t + 1) over t with 0 < e[t] < inf (>= 3 of them)."""
+    keep = (e > 0) & torch.isfinite(e)
+    if int(keep.sum()) < 3:
+        return None
+    x = torch.log(torch.nonzero(keep)[:, 0].to(torch.float64) + 1.0)
+    y = torch.log(e[keep])
+    xm = x - x.mean()
+    var = float((xm * xm).sum())
+    if var == 0.0:
+        return None
+    return float((xm * (y - y.mean())).sum()) / var
+
+
+def default_axis_names(ndim: int, length_axis: int) -> tuple[str, ...]:
+    """Names of the output's axes: (batch, channel, t) for scans, (batch, t, head, column) for retention."""
+    if ndim == 3 and length_axis == 2:
+        return ("batch", "channel", "t")
+    if ndim == 4 and length_axis == 1:
+        return ("batch", "t", "head", "column")
+    names = []
+    for i in range(ndim):
+        if i == length_axis:
+            names.append("t")
+        elif i == 0:
+            names.append("batch")
+        else:
+            names.append(f"axis{i}")
+    return tuple(names)
+
+
+def default_depth(length: int) -> int:
+    """``ceil(log2 L) + 1``: the levels of a binary tree over the length, plus one for the output map."""
+    return math.ceil(math.log2(max(length, 1))) + 1
+
+
+def _sample_ends(length: int) -> list[int]:
+    """Log-spaced positions in 0 .. L-1 (at most MAX_POSITION_SAMPLES), always including both ends."""
+    if length <= MAX_POSITION_SAMPLES:
+        return list(range(length))
+    ends: set[int] = {0, length - 1}
+    k = MAX_POSITION_SAMPLES - 2
+    while True:
+        raw = np.geomspace(1.0, float(length), k)
+        cand = ends | {int(round(v)) - 1 for v in raw}
+        if len(cand) <= MAX_POSITION_SAMPLES or k <= 2:
+            return sorted(c for c in cand if 0 <= c < length)[:MAX_POSITION_SAMPLES]
+        k -= 1
+
+
+def _read_output(obj: Any, shape: tuple[int, ...], what: str) -> tuple[torch.Tensor | None, str | None, str | None]:
+    """(the tensor, detached, its dtype name, None) or (None, dtype name or None, the problem)."""
+    try:
+        if not isinstance(obj, torch.Tensor):
+            if isinstance(obj, np.ndarray):
+                obj = torch.from_numpy(obj)
+            else:
+                return None, None, f"the {what} is a {type(obj).__name__}, not a tensor"
+        dt = str(obj.dtype).removeprefix("torch.")
+        if obj.is_complex():
+            return None, dt, f"the {what} is complex ({dt}); a real tensor was expected"
+        if tuple(obj.shape) != shape:
+            return None, dt, f"the {what} has shape {tuple(obj.shape)}; the oracle's is {shape}"
+        obj = obj.detach()
+        if obj.device.type != "cpu":
+            obj = obj.to("cpu")
+        return obj, dt, None
+    except Exception as exc:  # a tensor subclass or a device that cannot be read back
+        return None, None, f"the {what} could not be read back to the CPU: {type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------------------------------
+# measure
+
+
+def measure(
+    actual: Any,
+    trace: Any,
+    *,
+    dtype: torch.dtype | str,
+    baseline: Any = None,
+    length_axis: int = -1,
+    depth: int | None = None,
+    tf32: bool = False,
+    cond_threshold: float = COND_THRESHOLD,
+    element_axes_names: Sequence[str] | None = None,
+) -> Divergence:
+    """Compare ``actual`` (the kernel's output) with ``trace`` (the float64 oracle); see the module doc.
+
+    ``dtype`` is the case's dtype (the inputs were rounded to it); ``baseline`` the same-dtype
+    sequential loop's output; ``length_axis`` the sequence axis of the output (-1 for scans, 1 for
+    retention's (batch, L, heads, dv)); ``depth`` the tree depth in the bound (default
+    ``ceil(log2 L) + 1``); ``tf32`` uses TF32's roundoff for a float32 case; ``cond_threshold`` the
+    cond error counted as a mismatch (pass the policy's); ``element_axes_names`` names the output's
+    axes in messages (default: `default_axis_names`). Runs single-threaded (see `_single_threaded`).
+    """
+    with torch.no_grad(), _single_threaded():
+        return _measure(
+            actual,
+            trace,
+            dtype=dtype,
+            baseline=baseline,
+            length_axis=length_axis,
+            depth=depth,
+            tf32=tf32,
+            cond_threshold=cond_threshold,
+            element_axes_names=element_axes_names,
+        )
+
+
+def _measure(
+    actual: Any,
+    trace: Any,
+    *,
+    dtype: torch.dtype | str,
+    baseline: Any = None,
+    length_axis: int = -1,
+    depth: int | None = None,
+    tf32: bool = False,
+    cond_threshold: float = COND_THRESHOLD,
+    element_axes_names: Sequence[str] | None = None,
+) -> Divergence:
+    """The body of `measure` (same arguments)."""
+    info = dtypes.info(dtype)
+    ref = getattr(trace, "out", None)
+    if not isinstance(ref, torch.Tensor):
+        raise InvalidArgument(f"trace={trace!r} is not a reference_impls.trace.Trace; its .out must be a tensor")
+    shape = tuple(int(s) for s in ref.shape)
+    ndim = len(shape)
+    if ndim == 0 or not -ndim <= length_axis < ndim:
+        raise InvalidArgument(f"length_axis={length_axis!r} is not an axis of the output of shape {shape}")
+    for name in ("magnitude", "growth", "state_peak", "decay_peak"):
+        comp = getattr(trace, name, None)
+        if not isinstance(comp, torch.Tensor) or tuple(comp.shape) != shape:
+            raise InvalidArgument(f"trace.{name} must be a tensor of the output's shape {shape}; got {comp!r:.80}")
+    la = length_axis % ndim
+    length = shape[la]
+    if depth is None:
+        depth = default_depth(length)
+    elif depth < 1:
+        raise InvalidArgument(f"depth={depth!r} must be at least 1 (the output's own rounding)")
+    if element_axes_names is None:
+        names = default_axis_names(ndim, la)
+    else:
+        names = tuple(element_axes_names)
+        if len(names) != ndim:
+            raise InvalidArgument(
+                f"element_axes_names={element_axes_names!r} names {len(names)} axes; the output has {ndim}"
+            )
+    if not cond_threshold > 0:
+        raise InvalidArgument(f"cond_threshold={cond_threshold!r} must be positive")
+    u = dtypes.unit_roundoff(info.name, tf32=tf32)
+    n_elements = int(math.prod(shape))
+    common: dict[str, Any] = dict(
+        dtype=info.name,
+        tf32=bool(tf32),
+        shape=shape,
+        axis_names=names,
+        length_axis=la,
+        length=length,
+        depth=int(depth),
+        unit_roundoff=u,
+        cond_threshold=float(cond_threshold),
+        n_elements=n_elements,
+    )
+
+    x, actual_dtype, problem = _read_output(actual, shape, "kernel output")
+    if problem is None and n_elements == 0:
+        problem = f"the output of shape {shape} is empty; there is nothing to compare"
+    if problem is not None:
+        return Divergence(**common, actual_dtype=actual_dtype, problem=problem)
+    assert x is not None
+    b_problem: str | None = None
+    b: torch.Tensor | None = None
+    if baseline is not None:
+        b, _, b_problem = _read_output(baseline, shape, "baseline")
+
+    rows = n_elements // length
+    f64 = torch.float64
+
+    def flat(t: torch.Tensor) -> torch.Tensor:  # (rows, L), a view where the layout allows
+        return t.detach().movedim(la, -1).reshape(rows, length)
+
+    T_out, T_mag, T_gro = flat(ref), flat(trace.magnitude), flat(trace.growth)
+    T_sp, T_dp, X = flat(trace.state_peak), flat(trace.decay_peak), flat(x)
+    B = flat(b) if b is not None else None
+
+    limit = info.max_finite / (1.0 + depth * u)
+    tiny = info.smallest_normal
+    thr = float(cond_threshold)
+    grid = info.torch_dtype
+    inf = math.inf
+
+    # accumulators
+    n_in_domain = n_compared = n_bad_nf = n_over = n_underflow = n_k_nonfinite = rows_ood = 0
+    max_abs = max_rel = cond_max = ulp_max = -1.0
+    worst_cond: tuple[float, int, int] | None = None  # (cond, row, t)
+    first_bad: tuple[int, int] | None = None  # (t, row)
+    norm_ref, norm_diff, norm_x, dot = _ScaledSum(), _ScaledSum(), _ScaledSum(), _ScaledSum()
+    cond_vals = np.empty(n_elements, dtype=np.float64)
+    ulp_vals = np.empty(n_elements, dtype=np.float64)
+    per_t_cond = torch.full((length,), -1.0, dtype=f64)
+    per_t_abs = torch.full((length,), -1.0, dtype=f64)
+    mismatch_t = torch.zeros(length, dtype=torch.bool)
+    ood_t = torch.zeros(length, dtype=torch.bool)
+    any_nan_vs_inf = any_xor = any_knf = False
+    sp_max = dp_max = -inf
+    b_nf = b_over = 0
+    b_cond_max = b_max_abs = -1.0
+
+    sub_half = info.smallest_subnormal / 2  # |out| at or below this rounds to zero on the grid
+    step = max(1, CHUNK_ELEMENTS // max(length, 1))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        # contiguous chunks (a (batch, L, heads, dv) layout flattens to a strided view)
+        o = T_out[r0:r1].to(f64).contiguous()
+        x_low = X[r0:r1].contiguous()  # the kernel's own dtype
+        xc = x_low.to(f64)
+        spc = T_sp[r0:r1].to(f64)
+        dpc = T_dp[r0:r1].to(f64)
+        bound = T_mag[r0:r1].to(f64, copy=True).mul_(depth).add_(T_gro[r0:r1].to(f64)).mul_(u).add_(tiny)
+        bound = bound.contiguous()
+        ao = o.abs()
+        ao_lo_t, ao_hi_t = torch.aminmax(ao)
+        ao_lo, ao_hi = float(ao_lo_t), float(ao_hi_t)
+        sp_hi, dp_hi, b_hi = float(spc.max()), float(dpc.max()), float(bound.max())
+        sp_max, dp_max = max(sp_max, sp_hi), max(dp_max, dp_hi)
+        diff = (xc - o).abs_()
+        d_hi = float(diff.max())
+        ref_low = o.to(grid)
+        # NaN fails every comparison below, so a NaN anywhere takes the general path
+        fast = sp_hi <= limit and dp_hi <= limit and ao_hi <= limit and b_hi < inf and d_hi < inf
+        cond = diff / bound
+
+        compared: torch.Tensor | None = None  # None: every element of the chunk is compared
+        dom: torch.Tensor | None = None
+        bad: torch.Tensor | None = None
+        knf: torch.Tensor | None = None
+        if fast:
+            nd = nc = o.numel()
+        else:
+            # the domain: a prefix of each row for the state and decays, single elements for the output
+            prefix_bad = ~((spc <= limit) & (dpc <= limit))
+            if bool(prefix_bad.any()):
+                prefix_bad = prefix_bad.cummax(dim=1).values
+            out_bad = ~(ao <= limit)
+            dom = ~(prefix_bad | out_bad | ~torch.isfinite(bound))
+            xf = torch.isfinite(xc)
+            if not bool(xf.all()):
+                knf = ~xf
+                n_k_nonfinite += int(knf.sum())
+                near = knf & dom & (ao + thr * bound > info.max_finite)
+                dom = dom & ~near
+                bad = knf & dom
+                compared = dom & xf
+            else:
+                compared = dom
+            nd = int(dom.sum())
+            nc = int(compared.sum())
+            if nd < dom.numel():
+                odm = ~dom
+                ood_t |= odm.any(dim=0)
+                rows_ood += int(odm.any(dim=1).sum())
+            if bad is not None:
+                nb = int(bad.sum())
+                if nb:
+                    n_bad_nf += nb
+                    bt = bad.any(dim=0)
+                    mismatch_t |= bt
+                    t0 = _first_true(bt)
+                    assert t0 is not None
+                    cand = (t0, r0 + (_first_true(bad[:, t0]) or 0))
+                    first_bad = cand if first_bad is None or cand < first_bad else first_bad
+            # non-finite classes (the oracle on the grid is non-finite only where |out| is beyond range)
+            if knf is not None or bool(out_bad.any()):
+                r_nf = ~torch.isfinite(ref_low)
+                k_nf = knf if knf is not None else torch.zeros_like(r_nf)
+                ref64 = ref_low.to(f64)
+                same_kind = (torch.isnan(xc) & torch.isnan(ref64)) | (torch.isinf(xc) & (xc == ref64))
+                any_nan_vs_inf = any_nan_vs_inf or bool((k_nf & r_nf & ~same_kind).any())
+                any_xor = any_xor or bool((k_nf ^ r_nf).any())
+                any_knf = any_knf or bool(k_nf.any())
+        n_in_domain += nd
+
+        if nc:
+            if compared is None:
+                diff_c, cond_c, o_c, x_c, ao_c = (t.reshape(-1) for t in (diff, cond, o, xc, ao))
+                xl_c, g_c = x_low.reshape(-1), ref_low.reshape(-1)
+                pc, pa = cond, diff
+                o_hi, dmax = ao_hi, d_hi
+                over = cond > thr
+            else:
+                diff_c, cond_c, o_c, x_c, ao_c = diff[compared], cond[compared], o[compared], xc[compared], ao[compared]
+                xl_c, g_c = x_low[compared], ref_low[compared]
+                pc = torch.where(compared, cond, -1.0)
+                pa = torch.where(compared, diff, -1.0)
+                o_hi, dmax = float(ao_c.max()), float(diff_c.max())
+                over = compared & (cond > thr)
+            n_over_c = int(over.sum())
+            if n_over_c:
+                n_over += n_over_c
+                mismatch_t |= over.any(dim=0)
+            max_abs = max(max_abs, dmax)
+            if compared is None and ao_lo > tiny:
+                max_rel = max(max_rel, float((diff / ao).max()))
+            else:
+                rel_ok = ao_c > tiny
+                if bool(rel_ok.any()):
+                    max_rel = max(max_rel, float((diff_c[rel_ok] / ao_c[rel_ok]).max()))
+            ci = int(torch.argmax(pc))
+            cv = float(pc.reshape(-1)[ci])
+            if worst_cond is None or cv > worst_cond[0]:
+                worst_cond = (cv, r0 + ci // length, ci % length)
+            cond_max = max(cond_max, cv)
+            if (o_hi == 0 or o_hi > 1e-100) and o_hi < 1e140 and (dmax == 0 or dmax > 1e-100) and dmax < 1e140:
+                # plain sums of squares cannot overflow or lose mass to underflow here
+                norm_ref.add(float(torch.dot(o_c, o_c)), 0)
+                norm_diff.add(float(torch.dot(diff_c, diff_c)), 0)
+                norm_x.add(float(torch.dot(x_c, x_c)), 0)
+                dot.add(float(torch.dot(x_c, o_c)), 0)
+            else:
+                norm_ref.add_squares(o_c)
+                norm_diff.add_squares(diff_c)
+                norm_x.add_squares(x_c)
+                dot.add_products(x_c, o_c)
+            if xl_c.dtype != grid:
+                xl_c = x_c.to(grid)
+            ulp = dtypes.grid_distance(xl_c, g_c)
+            ulp_max = max(ulp_max, float(ulp.max()))
+            cond_vals[n_compared : n_compared + nc] = cond_c.numpy()
+            ulp_vals[n_compared : n_compared + nc] = ulp.numpy()
+            n_compared += nc
+            if bad is not None:
+                pc = torch.where(bad, inf, pc)
+            per_t_cond = torch.maximum(per_t_cond, pc.amax(dim=0))
+            per_t_abs = torch.maximum(per_t_abs, pa.amax(dim=0))
+        elif bad is not None:
+            per_t_cond = torch.maximum(per_t_cond, torch.where(bad, inf, -1.0).amax(dim=0))
+
+        if ao_lo <= sub_half:  # some oracle value underflows the grid: did the kernel give 0 there?
+            zero = (xc == 0) & (o != 0) & (ao <= sub_half)
+            if dom is not None:
+                zero &= dom
+            n_underflow += int(zero.sum())
+
+        if B is not None:
+            bc = B[r0:r1].to(f64)
+            bdiff = (bc - o).abs_()
+            bcond = bdiff / bound
+            bd_hi = float(bdiff.max())
+            if fast and bd_hi < inf:
+                b_max_abs = max(b_max_abs, bd_hi)
+                b_cond_max = max(b_cond_max, float(bcond.max()))
+                b_over += int((bcond > thr).sum())
+            else:
+                dm = dom if dom is not None else torch.ones_like(o, dtype=torch.bool)
+                bfin = torch.isfinite(bc)
+                b_comp = dm & bfin
+                b_nf += int((dm & ~bfin).sum())
+                if bool(b_comp.any()):
+                    b_max_abs = max(b_max_abs, float(torch.where(b_comp, bdiff, -1.0).max()))
+                    b_cond_max = max(b_cond_max, float(torch.where(b_comp, bcond, -1.0).max()))
+                b_over += int((b_comp & (bcond > thr)).sum())
+
+    fields: dict[str, Any] = {}
+    # -- plain errors -------------------------------------------------------------------------------
+    if n_compared:
+        fields["max_abs"] = max_abs
+        if max_rel >= 0:
+            fields["max_rel"] = max_rel
+            fields["sig_bits"] = float(dtypes.significant_bits(max_rel, info.name))
+        (rm, re), (dm, de), (xm, xe) = norm_ref.sqrt(), norm_diff.sqrt(), norm_x.sqrt()
+        if rm > 0:
+            fields["rms_ratio"] = _ldexp(dm / rm, de - re)
+        else:
+            fields["rms_ratio"] = 0.0 if dm == 0 else inf
+        if rm > 0 and xm > 0:
+            cos = _ldexp(dot.acc / (rm * xm), (dot.exp if dot.exp is not None else 0) - re - xe)
+            fields["cosine"] = max(-1.0, min(1.0, cos))
+        else:
+            fields["cosine"] = 1.0 if rm == xm else 0.0
+        fields["ulp_p50"], fields["ulp_p99"] = _quantiles(ulp_vals[:n_compared], (0.5, 0.99))
+        fields["ulp_max"] = ulp_max
+        fields["cond_p50"], fields["cond_p99"] = _quantiles(cond_vals[:n_compared], (0.5, 0.99))
+        fields["cond_max"] = cond_max
+    del cond_vals, ulp_vals
+
+    # -- mismatches and the worst element ---------------------------------------------------------------
+    n_mismatch = n_over + n_bad_nf
+    fields["n_mismatch"] = n_mismatch
+    fields["mismatch_frac"] = n_mismatch / n_in_domain if n_in_domain else 0.0
+    worst: tuple[int, int] | None = None
+    if first_bad is not None:
+        worst = (first_bad[1], first_bad[0])
+    elif worst_cond is not None:
+        worst = (worst_cond[1], worst_cond[2])
+    if worst is not None:
+        r, t = worst
+        row_shape = shape[:la] + shape[la + 1 :]
+        index = [int(i) for i in np.unravel_index(r, row_shape)] if row_shape else []
+        index.insert(la, int(t))
+        xo, oo = float(X[r, t]), float(T_out[r, t])
+        bo = u * (float(T_gro[r, t]) + depth * float(T_mag[r, t])) + tiny
+        fields.update(
+            worst_index=tuple(index),
+            worst_t=int(t),
+            worst_actual=xo,
+            worst_desired=oo,
+            worst_abs=abs(xo - oo),
+            worst_cond=worst_cond[0] if first_bad is None and worst_cond is not None else inf,
+            worst_bound=bo,
+        )
+
+    # -- along the length -----------------------------------------------------------------------------
+    fields["onset_t"] = _first_true(mismatch_t)
+    fields["growth_exponent"] = _fit_slope(per_t_abs)
+    fields["cond_growth_exponent"] = _fit_slope(per_t_cond)
+    half = math.ceil(length / 2)
+    for name, part in (("max_error_first_half", per_t_cond[:half]), ("max_error_second_half", per_t_cond[half:])):
+        m = float(part.max()) if part.numel() else -1.0
+        fields[name] = m if m >= 0 else math.nan
+    samples: list[tuple[int, float]] = []
+    prev = -1
+    for end in _sample_ends(length):
+        m = float(per_t_cond[prev + 1 : end + 1].max())
+        samples.append((end, m if m >= 0 else math.nan))
+        prev = end
+    fields["error_by_position"] = tuple(samples)
+
+    # -- non-finite values and the domain ---------------------------------------------------------------
+    if n_bad_nf:
+        klass = "kernel_nonfinite"
+    elif any_nan_vs_inf:
+        klass = "nan_vs_inf"
+    elif any_xor:
+        klass = "expected_overflow"
+    elif any_knf:
+        klass = "agree"
+    elif n_underflow:
+        klass = "expected_underflow"
+    else:
+        klass = "none"
+    onset = _first_true(ood_t)
+    fields.update(
+        nonfinite_class=klass,
+        n_kernel_nonfinite=n_k_nonfinite,
+        n_kernel_nonfinite_in_domain=n_bad_nf,
+        first_nonfinite_t=first_bad[0] if first_bad is not None else None,
+        n_expected_underflow=n_underflow,
+        domain_onset_t=onset,
+        domain_cause=_domain_cause(onset, T_out, T_gro, T_mag, T_sp, T_dp, X, limit, u, depth, tiny, thr, info),
+        state_peak_max=sp_max,
+        decay_peak_max=dp_max,
+    )
+
+    # -- the baseline ---------------------------------------------------------------------------------
+    fields["baseline_problem"] = b_problem
+    if B is not None:
+        if b_nf:
+            bcm = inf
+        elif b_cond_max >= 0:
+            bcm = b_cond_max
+        else:
+            bcm = math.nan
+        cm = fields.get("cond_max", math.nan)
+        fields.update(
+            has_baseline=True,
+            baseline_max_abs=b_max_abs if b_max_abs >= 0 else math.nan,
+            baseline_cond_max=bcm,
+            baseline_n_mismatch=b_over + b_nf,
+            n_baseline_nonfinite=b_nf,
+            baseline_ratio=cm / max(bcm, BASELINE_FLOOR) if not math.isnan(bcm) else math.nan,
+        )
+
+    return Divergence(
+        **common,
+        actual_dtype=actual_dtype,
+        n_in_domain=n_in_domain,
+        n_out_of_domain=n_elements - n_in_domain,
+        n_compared=n_compared,
+        n_rows=rows,
+        n_rows_out_of_domain=rows_ood,
+        **fields,
+    )
+
+
+def _ldexp(m: float, e: int) -> float:
+    try:
+        return math.ldexp(m, e)
+    except OverflowError:
+        return math.copysign(math.inf, m)
+
+
+def _domain_cause(
+    onset: int | None,
+    out: torch.Tensor,
+    gro: torch.Tensor,
+    mag: torch.Tensor,
+    sp: torch.Tensor,
+    dp: torch.Tensor,
+    x: torch.Tensor,
+    limit: float,
+    u: float,
+    depth: int,
+    tiny: float,
+    thr: float,
+    info: dtypes.DtypeInfo,
+) -> str:
+    """What first leaves the dtype's range at the domain's onset column (no row left it earlier)."""
+    if onset is None:
+        return "none"
+    f64 = torch.float64
+    o = out[:, onset].to(f64)
+    bound = u * (gro[:, onset].to(f64) + depth * mag[:, onset].to(f64)) + tiny
+    xc = x[:, onset].to(f64)
+    state = ~(sp[:, onset].to(f64) <= limit)
+    decay = ~(dp[:, onset].to(f64) <= limit)
+    output = ~(o.abs() <= limit)
+    oracle = ~torch.isfinite(bound)
+    near = ~torch.isfinite(xc) & (o.abs() + thr * bound > info.max_finite)
+    for name, mask in (
+        ("state", state),
+        ("decay", decay),
+        ("output", output),
+        ("oracle_nonfinite", oracle),
+        ("near_overflow", near),
+    ):
+        if bool(mask.any()):
+            return name
+    return "none"

@@ -1,0 +1,262 @@
+"""PNG figures of a run, drawn from its records (matplotlib, Agg canvas, imported lazily).
+
+`write_plots(records, out_dir)` writes, skipping a figure when no record fits it:
+
+- ``plot_error_vs_length_<family>.png``: the condition-normalized error (cond_max) against length,
+  log-log, one line per kernel x dtype (the worst case at each length), a marker per verdict, and the
+  a-priori rounding bound (cond = 1) as a dashed line;
+- ``plot_error_vs_eps.png``: retention_normed only: cond_max against the norm's eps, log x, with
+  eps = 0 placed at a labelled left edge;
+- ``plot_onset.png``: the first mismatched position (onset_t) against length, with the end of the
+  sequence (t = L - 1) for reference.
+
+Each title states the figure's one message (within the bound or not, the worst case). No pyplot and
+no global backend switch: figures are drawn on `matplotlib.backends.backend_agg.FigureCanvasAgg`, so
+importing this module never changes how a user's own plots behave. File names are fixed and the PNGs
+carry no timestamp or software version, so the same records give the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+#: Marker per verdict (kernel_error records carry no metrics and are not drawn).
+VERDICT_MARKERS: dict[str, str] = {"equivalent": "o", "divergent": "X", "out_of_domain": "^", "kernel_error": "s"}
+
+#: Legend entries above which the legend moves outside the axes.
+MAX_INSIDE_LEGEND = 8
+
+_FIGSIZE = (8.0, 5.0)
+_DPI = 100
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _num(value: Any) -> float:
+    from harness.report import number
+
+    return number(value)
+
+
+def _positive(value: Any) -> bool:
+    v = _num(value)
+    return math.isfinite(v) and v > 0
+
+
+def _series_key(r: Mapping[str, Any]) -> tuple[str, str]:
+    return (str(r.get("kernel")), str(r.get("dtype")))
+
+
+def _style(index: int) -> dict[str, Any]:
+    import matplotlib
+
+    colors = matplotlib.colormaps["tab10"].colors
+    return {"color": colors[index % len(colors)], "linestyle": _LINESTYLES[(index // len(colors)) % len(_LINESTYLES)]}
+
+
+def _new_figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=_FIGSIZE, dpi=_DPI)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def _legend(ax, series_handles: list, verdicts: set[str]) -> None:
+    from matplotlib.lines import Line2D
+
+    handles = list(series_handles)
+    for v in sorted(verdicts, key=lambda v: list(VERDICT_MARKERS).index(v) if v in VERDICT_MARKERS else 99):
+        handles.append(Line2D([], [], color="0.3", marker=VERDICT_MARKERS.get(v, "o"), linestyle="none", label=v))
+    if not handles:
+        return
+    if len(handles) > MAX_INSIDE_LEGEND:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False)
+    else:
+        ax.legend(handles=handles, loc="best", fontsize="small")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, format="png", dpi=_DPI, bbox_inches="tight", metadata={"Software": None})
+    return path
+
+
+def _ordered(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    from harness.report import canonical_order
+
+    return canonical_order(records)
+
+
+# ------------------------------------------------------------------------------------- error vs length
+def plot_error_vs_length(records: Sequence[Mapping[str, Any]], family: str, path: str | os.PathLike) -> Path | None:
+    """cond_max against length (log-log) for one family; None (nothing written) when no record fits."""
+    recs = [r for r in _ordered(records)
+            if str(r.get("family")) == family and _positive(r.get("length")) and _positive(r.get("cond_max"))]
+    if not recs:
+        return None
+    fig, ax = _new_figure()
+    series: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in recs:
+        series.setdefault(_series_key(r), []).append(r)
+    handles, verdicts = [], set()
+    for i, (key, rs) in enumerate(sorted(series.items())):
+        style = _style(i)
+        worst_at: dict[float, float] = {}
+        for r in rs:
+            L, c = _num(r.get("length")), _num(r.get("cond_max"))
+            worst_at[L] = max(c, worst_at.get(L, 0.0))
+        xs = sorted(worst_at)
+        (line,) = ax.plot(xs, [worst_at[x] for x in xs], label=f"{key[0]} {key[1]}", linewidth=1.2, **style)
+        handles.append(line)
+        by_verdict: dict[str, list[Mapping[str, Any]]] = {}
+        for r in rs:
+            by_verdict.setdefault(str(r.get("verdict")), []).append(r)
+        for v, vr in sorted(by_verdict.items()):
+            verdicts.add(v)
+            ax.scatter([_num(r.get("length")) for r in vr], [_num(r.get("cond_max")) for r in vr],
+                       marker=VERDICT_MARKERS.get(v, "o"), color=style["color"], s=24, zorder=3)
+    ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1.0)
+    ax.annotate("rounding bound (cond = 1)", xy=(0.01, 1.0), xycoords=("axes fraction", "data"),
+                fontsize="small", color="0.3", va="bottom")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel("condition-normalized error (cond_max)")
+    worst = max(recs, key=lambda r: _num(r.get("cond_max")))
+    over = sorted({_series_key(r) for r in recs if _num(r.get("cond_max")) > 1.0})
+    if over:
+        title = (f"{family}: {len(over)} of {len(series)} kernel x dtype exceed the rounding bound "
+                 f"(worst {_num(worst.get('cond_max')):.3g}: {worst.get('kernel')} {worst.get('dtype')} "
+                 f"L={int(_num(worst.get('length')))})")
+    else:
+        title = (f"{family}: every kernel x dtype within the rounding bound "
+                 f"(worst {_num(worst.get('cond_max')):.3g}: {worst.get('kernel')} {worst.get('dtype')})")
+    ax.set_title(title, fontsize="medium", wrap=True)
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax, handles, verdicts)
+    return _save(fig, Path(path))
+
+
+# ---------------------------------------------------------------------------------------- error vs eps
+def plot_error_vs_eps(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path | None:
+    """cond_max against eps for retention_normed (log x; eps = 0 at the labelled left edge)."""
+    recs = [r for r in _ordered(records)
+            if str(r.get("family")) == "retention_normed" and r.get("eps") is not None
+            and math.isfinite(_num(r.get("eps"))) and _num(r.get("eps")) >= 0 and _positive(r.get("cond_max"))]
+    if not recs:
+        return None
+    positive = sorted({_num(r.get("eps")) for r in recs if _num(r.get("eps")) > 0})
+    has_zero = any(_num(r.get("eps")) == 0 for r in recs)
+    # eps = 0 cannot sit on a log axis: draw it one decade left of the smallest positive eps.
+    zero_x = (positive[0] / 10.0) if positive else 1.0
+
+    def x_of(eps: float) -> float:
+        return eps if eps > 0 else zero_x
+
+    fig, ax = _new_figure()
+    series: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in recs:
+        series.setdefault(_series_key(r), []).append(r)
+    handles, verdicts = [], set()
+    for i, (key, rs) in enumerate(sorted(series.items())):
+        style = _style(i)
+        worst_at: dict[float, float] = {}
+        for r in rs:
+            x = x_of(_num(r.get("eps")))
+            worst_at[x] = max(_num(r.get("cond_max")), worst_at.get(x, 0.0))
+        xs = sorted(worst_at)
+        (line,) = ax.plot(xs, [worst_at[x] for x in xs], label=f"{key[0]} {key[1]}", linewidth=1.2, **style)
+        handles.append(line)
+        by_verdict: dict[str, list[Mapping[str, Any]]] = {}
+        for r in rs:
+            by_verdict.setdefault(str(r.get("verdict")), []).append(r)
+        for v, vr in sorted(by_verdict.items()):
+            verdicts.add(v)
+            ax.scatter([x_of(_num(r.get("eps"))) for r in vr], [_num(r.get("cond_max")) for r in vr],
+                       marker=VERDICT_MARKERS.get(v, "o"), color=style["color"], s=24, zorder=3)
+    ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1.0)
+    ax.annotate("rounding bound (cond = 1)", xy=(0.01, 1.0), xycoords=("axes fraction", "data"),
+                fontsize="small", color="0.3", va="bottom")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    if has_zero:
+        ax.minorticks_off()
+        ticks = [zero_x, *positive]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(["0", *(f"{e:.0e}" if e < 0.01 else f"{e:g}" for e in positive)], fontsize="small")
+        if positive:  # a dotted break between eps = 0 and the log axis proper
+            ax.axvline(zero_x * 3.0, color="0.7", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("eps of the normalization" + (" (eps = 0 at the left edge)" if has_zero else ""))
+    ax.set_ylabel("condition-normalized error (cond_max)")
+    worst = max(recs, key=lambda r: _num(r.get("cond_max")))
+    ax.set_title(f"retention_normed: error against eps (worst {_num(worst.get('cond_max')):.3g} at "
+                 f"eps={_num(worst.get('eps')):g}: {worst.get('kernel')} {worst.get('dtype')})", fontsize="medium")
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax, handles, verdicts)
+    return _save(fig, Path(path))
+
+
+# -------------------------------------------------------------------------------------------- onset
+def plot_onset(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path | None:
+    """onset_t (the first mismatched position) against length; None when no record has an onset."""
+    recs = [r for r in _ordered(records)
+            if _positive(r.get("length")) and math.isfinite(_num(r.get("onset_t"))) and _num(r.get("onset_t")) >= 0]
+    if not recs:
+        return None
+    fig, ax = _new_figure()
+    series: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in recs:
+        series.setdefault(_series_key(r), []).append(r)
+    handles, verdicts = [], set()
+    from matplotlib.lines import Line2D
+
+    for i, (key, rs) in enumerate(sorted(series.items())):
+        style = _style(i)
+        by_verdict: dict[str, list[Mapping[str, Any]]] = {}
+        for r in rs:
+            by_verdict.setdefault(str(r.get("verdict")), []).append(r)
+        for v, vr in sorted(by_verdict.items()):
+            verdicts.add(v)
+            ax.scatter([_num(r.get("length")) for r in vr], [_num(r.get("onset_t")) for r in vr],
+                       marker=VERDICT_MARKERS.get(v, "o"), color=style["color"], s=28, zorder=3)
+        handles.append(Line2D([], [], color=style["color"], marker="o", linestyle="none", label=f"{key[0]} {key[1]}"))
+    lengths = sorted({_num(r.get("length")) for r in recs})
+    ends = [lengths[0] / 1.5, *lengths, lengths[-1] * 1.5]
+    ax.plot(ends, [L - 1 for L in ends], color="0.5", linestyle="--", linewidth=1.0)
+    ax.annotate("end of sequence (t = L - 1)", xy=(ends[-1], ends[-1] - 1), fontsize="small", color="0.3",
+                ha="right", va="top")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel("onset_t: first mismatched position")
+    first = min(recs, key=lambda r: (_num(r.get("onset_t")) / max(_num(r.get("length")), 1.0)))
+    ax.set_title(f"Onset of mismatch: {len(recs)} cases; earliest relative onset t={int(_num(first.get('onset_t')))} "
+                 f"of L={int(_num(first.get('length')))} ({first.get('kernel')} {first.get('dtype')})",
+                 fontsize="medium")
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax, handles, verdicts)
+    return _save(fig, Path(path))
+
+
+# ---------------------------------------------------------------------------------------------- all
+def write_plots(records: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike) -> list[Path]:
+    """Write every figure that has data into ``out_dir``; return their paths (sorted by name)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    families = sorted({str(r.get("family")) for r in records if r.get("family") is not None})
+    for family in families:
+        p = plot_error_vs_length(records, family, out / f"plot_error_vs_length_{_safe(family)}.png")
+        if p is not None:
+            written.append(p)
+    for p in (plot_error_vs_eps(records, out / "plot_error_vs_eps.png"), plot_onset(records, out / "plot_onset.png")):
+        if p is not None:
+            written.append(p)
+    return sorted(written, key=lambda p: p.name)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)

@@ -1,0 +1,275 @@
+"""Running one case, and a list of cases, end to end.
+
+One case: `Problem.make_inputs` -> the float64 oracle's `Trace` -> the kernel, called under its contract
+(`harness.kernels.guard`) -> the same-dtype sequential baseline -> `metrics.measure` -> `verdict.judge`
+-> one flat record (a dict), appended to the store when one is given. Nothing the kernel does makes
+`run_case` raise: a kernel failure becomes a ``kernel_error`` record and the run goes on.
+
+``cause`` answers the question the seed threads asked, in one word: ``rounding`` (equivalent),
+``kernel_bug`` (divergent), ``eps_effect`` (divergent through the norm's eps only: the same case at
+eps = 0 is equivalent), ``input_overflow`` (out_of_domain), or the contract outcome of a kernel error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
+from harness.kernels.guard import DEFAULT_TIMEOUT_S, Outcome, call_guarded
+from harness.problems import Problem
+from harness.verdict import Judgement, Policy, Verdict, judge
+
+#: Order of the tensor arguments of each family's call.
+ARG_ORDER: dict[Family, tuple[str, ...]] = {
+    Family.LINEAR_SCAN: ("a", "b"),
+    Family.SELECTIVE_SCAN: ("u", "delta", "A", "B", "C", "D", "z", "delta_bias"),
+    Family.RETENTION: ("q", "k", "v"),
+    Family.RETENTION_NORMED: ("q", "k", "v"),
+}
+
+
+def output_shape(problem: Problem) -> tuple[int, ...]:
+    """The shape the family's contract promises for ``problem``."""
+    if problem.family in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
+        return (problem.batch, problem.dim, problem.length)
+    return (problem.batch, problem.length, problem.heads, problem.dv)
+
+
+def call_args(problem: Problem, inputs: dict[str, torch.Tensor],
+              spec: KernelSpec | None = None) -> tuple[tuple, dict[str, Any]]:
+    """The positional and keyword arguments of the family's signature for ``inputs``.
+
+    ``chunk_size`` is passed only to kernels that take one (a pair of forms shares one problem).
+    """
+    fam = problem.family
+    kwargs = problem.call_kwargs()
+    if spec is not None and not spec.capabilities.takes_chunk:
+        kwargs.pop("chunk_size", None)
+    if fam is Family.SELECTIVE_SCAN:
+        args = tuple(inputs[n] for n in ("u", "delta", "A", "B", "C"))
+        for name in ("D", "z", "delta_bias"):
+            if name in inputs:
+                kwargs[name] = inputs[name]
+        return args, kwargs
+    args = tuple(inputs[n] for n in ARG_ORDER[fam])
+    if fam is Family.RETENTION_NORMED:
+        args = args + (problem.eps,)
+    return args, kwargs
+
+
+def reference_trace(problem: Problem, inputs: dict[str, torch.Tensor],
+                    convention: RetentionConvention = RETNET):
+    """The float64 oracle's `Trace` on the (already rounded) ``inputs``."""
+    x = {k: v.detach().to(device="cpu", dtype=torch.float64) for k, v in inputs.items()}
+    fam = problem.family
+    if fam is Family.LINEAR_SCAN:
+        from reference_impls.linear_recurrence import linear_recurrence_trace
+
+        return linear_recurrence_trace(x["a"], x["b"])
+    if fam is Family.SELECTIVE_SCAN:
+        from reference_impls.selective_scan import selective_scan_trace
+
+        return selective_scan_trace(x["u"], x["delta"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"),
+                                    delta_bias=x.get("delta_bias"), delta_softplus=problem.delta_softplus)
+    gamma = list(convention.gammas(problem.heads))
+    scale = convention.scale(problem.dk)
+    if fam is Family.RETENTION:
+        from reference_impls.retention import retention_trace
+
+        return retention_trace(x["q"], x["k"], x["v"], gamma=gamma, scale=scale)
+    from reference_impls.retention import retention_normed_trace
+
+    return retention_normed_trace(x["q"], x["k"], x["v"], problem.eps, gamma=gamma, scale=scale)
+
+
+def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],
+                    convention: RetentionConvention = RETNET) -> torch.Tensor | None:
+    """The plain sequential loop in the kernel's dtype (None for float64, where it is the oracle)."""
+    if problem.dtype == "float64":
+        return None
+    from harness.kernels.sequential import baseline_for
+
+    fn = baseline_for(problem.family).callable()
+    args, kwargs = call_args(problem, inputs)
+    kwargs.pop("chunk_size", None)
+    if problem.family in (Family.RETENTION, Family.RETENTION_NORMED):
+        kwargs["gamma"] = list(convention.gammas(problem.heads))
+        kwargs["scale"] = convention.scale(problem.dk)
+    with torch.no_grad():
+        return fn(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def tf32_mode(enabled: bool):
+    """TF32 for float32 matrix products on CUDA, restored afterwards (a no-op on the CPU)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+@dataclass
+class RunOptions:
+    """How cases are run: the verdict policy, the per-call timeout and the optional checks."""
+
+    policy: Policy = field(default_factory=Policy)
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
+    check_determinism: bool = False
+    eps_counterfactual: bool = True  # re-run a divergent normed case at eps = 0 to name an eps effect
+
+
+def replay_command(kernel: str, problem: Problem) -> str:
+    """The shell command that re-runs exactly this case."""
+    import json
+    import shlex
+
+    return f"harness replay --kernel {kernel} --problem {shlex.quote(json.dumps(problem.to_dict(), sort_keys=True))}"
+
+
+def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
+             kernel_fn: Callable | None = None, store=None) -> dict[str, Any]:
+    """Run ``spec`` (or ``kernel_fn`` in its place) on ``problem``; return the flat record."""
+    from harness.metrics import measure
+
+    options = options or RunOptions()
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    inputs = problem.make_inputs()
+    timings["t_inputs"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    trace = reference_trace(problem, inputs, spec.convention)
+    timings["t_oracle"] = time.perf_counter() - t0
+
+    record: dict[str, Any] = {"kernel": spec.name, "family": problem.family.value, "case": problem.key}
+    record.update(problem.to_dict())
+    record.pop("values", None)
+    record["explicit_values"] = problem.values is not None
+    record["replay"] = replay_command(spec.name, problem)
+
+    fn = kernel_fn if kernel_fn is not None else spec.callable()
+    args, kwargs = call_args(problem, inputs, spec)
+    with tf32_mode(problem.tf32), torch.no_grad():
+        result = call_guarded(fn, args, kwargs, expected_shape=output_shape(problem),
+                              expected_dtype=problem.torch_dtype, expected_device=inputs[next(iter(inputs))].device,
+                              timeout_s=options.timeout_s, check_determinism=options.check_determinism)
+    timings["t_kernel"] = result.seconds
+    record["outcome"] = result.outcome.value
+    record["error"] = result.message or None
+
+    if not result.ok:
+        judgement = judge({}, options.policy, kernel_error=f"{result.outcome.value}: {result.message}")
+        _finish(record, judgement, cause=result.outcome.value, timings=timings)
+        if store is not None:
+            store.append(record)
+        return record
+
+    precision = spec.capabilities.precision(problem.dtype)
+    record["precision"] = precision
+    t0 = time.perf_counter()
+    try:
+        baseline = baseline_output(problem.replace(dtype=precision),
+                                   {k: v.to(DTYPE_NAMES[precision]) for k, v in inputs.items()}, spec.convention)
+    except Exception as exc:  # noqa: BLE001 - a baseline failure must not lose the kernel's measurement
+        baseline, record["baseline_error"] = None, f"{type(exc).__name__}: {exc}"
+    timings["t_baseline"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    div = measure(result.output, trace, dtype=precision, baseline=baseline, length_axis=problem.length_axis,
+                  tf32=problem.tf32, cond_threshold=options.policy.cond_threshold)
+    judgement = judge(div, options.policy)
+    timings["t_measure"] = time.perf_counter() - t0
+    record.update({k: v for k, v in div.to_dict().items() if k not in record})
+
+    cause = {Verdict.EQUIVALENT: "rounding", Verdict.DIVERGENT: "kernel_bug",
+             Verdict.OUT_OF_DOMAIN: "input_overflow"}.get(judgement.verdict, "kernel_error")
+    if (judgement.verdict is Verdict.DIVERGENT and options.eps_counterfactual
+            and problem.family is Family.RETENTION_NORMED and problem.eps):
+        zero = run_case(spec, problem.replace(eps=0.0),
+                        RunOptions(options.policy, options.timeout_s, False, False), kernel_fn=kernel_fn)
+        record["eps0_cond_max"] = zero.get("cond_max")
+        if zero["verdict"] == Verdict.EQUIVALENT.value:
+            cause = "eps_effect"
+            judgement = Judgement(judgement.verdict, judgement.why + (
+                f"; eps effect: the same case at eps=0 is equivalent (cond_max {zero.get('cond_max'):.3g})"))
+    _finish(record, judgement, cause=cause, timings=timings)
+    if store is not None:
+        store.append(record)
+    return record
+
+
+def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:
+    record["verdict"] = judgement.verdict.value
+    record["why"] = judgement.why
+    record["cause"] = cause
+    record.update({k: round(v, 6) for k, v in timings.items()})
+
+
+def run_cases(cases: Iterable[tuple[KernelSpec, Problem]], options: RunOptions | None = None, *, store=None,
+              progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run every (kernel, problem) pair; each record is stored as soon as it is taken."""
+    records = []
+    for spec, problem in cases:
+        rec = run_case(spec, problem, options, store=store)
+        records.append(rec)
+        if progress is not None:
+            progress(rec)
+    return records
+
+
+def run_pair(spec_a: KernelSpec, spec_b: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
+             store=None) -> dict[str, Any]:
+    """Differential mode: two kernels on the same inputs, with the oracle as referee.
+
+    The record holds the error of A and of B against the float64 oracle (the same metrics as
+    `run_case`) and the difference between A and B themselves, which is the question a user comparing
+    two forms asks ("parallel and chunkwise disagree: which one is wrong, or is it the eps?").
+    """
+    options = options or RunOptions()
+    rec_a = run_case(spec_a, problem, options)
+    rec_b = run_case(spec_b, problem, options)
+    inputs = problem.make_inputs()
+    outs = []
+    for spec in (spec_a, spec_b):
+        args, kwargs = call_args(problem, inputs, spec)
+        with tf32_mode(problem.tf32), torch.no_grad():
+            res = call_guarded(spec.callable(), args, kwargs, expected_shape=output_shape(problem),
+                               expected_dtype=problem.torch_dtype, expected_device=inputs[next(iter(inputs))].device,
+                               timeout_s=options.timeout_s)
+        outs.append(res.output.detach().to("cpu", torch.float64) if res.ok else None)
+    record: dict[str, Any] = {"kernel": f"{spec_a.name} vs {spec_b.name}", "pair": [spec_a.name, spec_b.name],
+                              "family": problem.family.value, "case": problem.key}
+    record.update(problem.to_dict())
+    record.pop("values", None)
+    for tag, rec in (("a", rec_a), ("b", rec_b)):
+        for key in ("verdict", "cause", "cond_max", "max_abs", "max_rel"):
+            record[f"{tag}_{key}"] = rec.get(key)
+    if outs[0] is not None and outs[1] is not None:
+        diff = (outs[0] - outs[1]).abs()
+        record["ab_max_abs"] = float(diff.nan_to_num(nan=float("inf")).max()) if diff.numel() else 0.0
+        scale = outs[1].abs().nan_to_num(nan=0.0).max().item() if diff.numel() else 0.0
+        record["ab_max_rel"] = record["ab_max_abs"] / scale if scale > 0 else None
+    verdicts = {rec_a["verdict"], rec_b["verdict"]}
+    record["verdict"] = "equivalent" if verdicts == {"equivalent"} else sorted(verdicts - {"equivalent"})[0]
+    record["why"] = f"A: {rec_a['why']} | B: {rec_b['why']}"
+    record["cause"] = rec_a["cause"] if rec_a["verdict"] != "equivalent" else rec_b["cause"]
+    record["replay"] = rec_a["replay"]
+    if store is not None:  # the two kernels' own records are stored by the sweep's case list
+        store.append(record)
+    return record
+
+
+def run_pairs(sweep, options: RunOptions | None = None, *, store=None) -> list[dict[str, Any]]:
+    """Every pair of a sweep on every problem of its grids that both kernels can run."""
+    return [run_pair(a, b, problem, options, store=store) for a, b, problem in sweep.pair_cases()]

@@ -1,0 +1,68 @@
+"""Hypothesis settings profiles and the search limits that go with each.
+
+Three profiles, selectable with ``--hypothesis-profile`` (or ``HYPOTHESIS_PROFILE``) and shown in the
+pytest header by hypothesis itself:
+
+- ``dev``: quick local runs, random, with the example database (so a failure replays first).
+- ``ci``: derandomized (the same examples every run: a CI gate must not flake), bounded so that
+  ``make test`` stays within its budget on 2 cores.
+- ``nightly``: many more examples and lengths up to tens of thousands.
+
+`Limits` holds what the strategies draw inside each profile (longest sequence, largest dims); the
+examples per kernel are scaled by the kernel's cost class (the Triton interpreter is ~1000x slower).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, Phase, settings
+
+PROFILES = ("dev", "ci", "nightly")
+DEFAULT_PROFILE = "ci"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_length: int
+    max_batch: int
+    max_dim: int
+    max_state: int
+    max_heads: int
+    max_head_dim: int
+    max_examples: int
+    slow_max_examples: int  # kernels run by an interpreter (Triton on the CPU)
+    slow_max_length: int
+
+
+LIMITS: dict[str, Limits] = {
+    "dev": Limits(512, 2, 8, 8, 3, 16, 20, 4, 32),
+    "ci": Limits(2048, 2, 8, 8, 3, 16, 25, 5, 48),
+    "nightly": Limits(32768, 3, 32, 16, 4, 64, 400, 40, 256),
+}
+
+_COMMON = dict(
+    deadline=None,  # kernel time varies with the drawn length; the harness has its own per-call timeout
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    print_blob=True,
+)
+
+
+def register_profiles() -> None:
+    """Register ``dev``, ``ci`` and ``nightly`` with hypothesis (idempotent)."""
+    settings.register_profile("dev", max_examples=LIMITS["dev"].max_examples, **_COMMON)
+    settings.register_profile("ci", max_examples=LIMITS["ci"].max_examples, derandomize=True, database=None,
+                              **_COMMON)
+    settings.register_profile("nightly", max_examples=LIMITS["nightly"].max_examples,
+                              phases=list(Phase), **_COMMON)
+
+
+def active_profile() -> str:
+    """The name of the loaded hypothesis profile when it is one of ours, else the default."""
+    name = getattr(settings, "_current_profile", None) or os.environ.get("HYPOTHESIS_PROFILE") or DEFAULT_PROFILE
+    return name if name in LIMITS else DEFAULT_PROFILE
+
+
+def limits(profile: str | None = None) -> Limits:
+    return LIMITS[profile or active_profile()]

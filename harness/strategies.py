@@ -1,0 +1,150 @@
+"""Hypothesis strategies that build `Problem`s inside a kernel's declared capabilities.
+
+Drawn so that shrinking gives the smallest failing case: every size shrinks towards 1, lengths mix
+the interesting values (powers of two, their neighbours, primes) with plain integers, and small cases
+may draw their element values through hypothesis (``explicit``), so a counterexample shrinks to simple
+numbers such as 0, 1 and 0.5. Large cases draw a seed and generate their data from it.
+
+All options are keyword-only and validated eagerly (an impossible request raises `InvalidArgument`
+instead of returning an empty strategy).
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import strategies as st
+
+from harness.errors import InvalidArgument
+from harness.kernels.contract import Family, KernelSpec, Lengths
+from harness.problems import OVERFLOWING_REGIMES, REGIMES, Problem, data_scale
+from harness.settings import limits as profile_limits
+
+#: Lengths worth trying first: small values, powers of two and their neighbours, primes.
+SPECIAL_LENGTHS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 257, 509, 512,
+                   1021, 1024, 2048, 4093, 4096, 8192, 16384, 32768, 65536)
+
+#: Largest problem (in input elements) whose values hypothesis draws element by element.
+EXPLICIT_MAX_ELEMENTS = 96
+
+EPS_ZERO_AND_RANGE = (0.0, 1e-12, 1e-5)
+
+
+def lengths(*, min_value: int = 1, max_value: int, pow2: bool = False) -> st.SearchStrategy[int]:
+    """Sequence lengths in [min_value, max_value], special values first."""
+    if max_value < min_value:
+        raise InvalidArgument(f"max_value={max_value!r} must be at least min_value={min_value!r}")
+    if pow2:
+        exps = [e for e in range(0, 31) if min_value <= 2**e <= max_value]
+        if not exps:
+            raise InvalidArgument(f"no power of two lies in [{min_value}, {max_value}]")
+        return st.sampled_from(exps).map(lambda e: 2**e)
+    special = [n for n in SPECIAL_LENGTHS if min_value <= n <= max_value]
+    ints = st.integers(min_value, max_value)
+    return st.one_of(st.sampled_from(special), ints) if special else ints
+
+
+def epsilons() -> st.SearchStrategy[float]:
+    """Norm eps: exactly 0, or log-uniform in [1e-12, 1e-5]."""
+    return st.one_of(st.just(0.0), st.floats(-12.0, -5.0).map(lambda e: float(f"{10.0 ** e:.3g}")))
+
+
+def chunk_sizes(length: int, allowed: tuple[int, ...]) -> st.SearchStrategy[int]:
+    """Chunk sizes: 1, 2, odd, the length itself, larger than it, and ones that do not divide it."""
+    if allowed:
+        return st.sampled_from(sorted(allowed))
+    options = sorted({1, 2, 3, 4, 5, 7, 8, 16, 64, length, length + 1} | {max(1, length // 2)})
+    return st.one_of(st.sampled_from(options), st.integers(1, max(1, length + 2)))
+
+
+def _element_bounds(family: Family, regime: str, dtype: str, name: str, softplus: bool) -> tuple[float, float]:
+    s = data_scale(regime, dtype)
+    if family is Family.LINEAR_SCAN and name == "a":
+        return (-2.0, 2.0) if regime == "unstable" else (0.0, 1.0)
+    if family is Family.SELECTIVE_SCAN:
+        if name == "delta":
+            return (-2.0, 2.0) if regime == "unstable" or softplus else (0.0, 1.0)
+        if name == "A":
+            return (-2.0, 2.0) if regime == "unstable" else (-4.0, 0.0)
+        if name in ("D", "z", "delta_bias"):
+            return (-2.0, 2.0)
+    return (-2.0 * s, 2.0 * s)
+
+
+@st.composite
+def explicit_values(draw, problem: Problem) -> dict[str, list[float]]:
+    """Element values for a small problem, each input inside its regime's range."""
+    out = {}
+    for name, shape in problem.shapes().items():
+        lo, hi = _element_bounds(problem.family, problem.regime, problem.dtype, name, problem.delta_softplus)
+        elem = st.floats(lo, hi, allow_nan=False, allow_infinity=False, allow_subnormal=False, width=32)
+        out[name] = draw(st.lists(elem, min_size=math.prod(shape), max_size=math.prod(shape)))
+    return out
+
+
+@st.composite
+def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, device: str = "cpu",
+             regimes: tuple[str, ...] | None = None, max_length: int | None = None,
+             explicit: bool = True, profile: str | None = None) -> Problem:
+    """A `Problem` for ``spec``, inside its capabilities and the profile's limits."""
+    caps = spec.capabilities
+    lim = profile_limits(profile)
+    fam = spec.family
+    ok_dtypes = [d for d in (dtypes or caps.dtypes) if caps.runs(d, device) is None]
+    if not ok_dtypes:
+        raise InvalidArgument(f"kernel {spec.name!r} runs none of dtypes={dtypes or caps.dtypes!r} on {device!r}")
+    ok_regimes = [r for r in (regimes or REGIMES[fam]) if r in REGIMES[fam]]
+    if not ok_regimes:
+        raise InvalidArgument(f"regimes={regimes!r} has none that applies to family {fam.value}")
+    top = max_length or lim.max_length
+    if caps.max_length is not None:
+        top = min(top, caps.max_length)
+    if top < caps.min_length:
+        raise InvalidArgument(f"max_length={top} is below kernel {spec.name!r}'s min_length={caps.min_length}")
+
+    dtype = draw(st.sampled_from(ok_dtypes))
+    regime = draw(st.sampled_from(ok_regimes))
+    chunk = None
+    if caps.lengths is Lengths.CHUNK_MULTIPLE:
+        chunk = draw(st.sampled_from(caps.chunk_sizes) if caps.chunk_sizes else st.integers(1, 64))
+        n_chunks = draw(st.integers(1, max(1, top // chunk)))
+        length = chunk * n_chunks
+    else:
+        length = draw(lengths(min_value=caps.min_length, max_value=top, pow2=caps.lengths is Lengths.POW2))
+        if caps.takes_chunk:
+            chunk = draw(chunk_sizes(length, caps.chunk_sizes))
+    fields: dict = dict(family=fam, length=length, dtype=dtype, device=device, regime=regime, chunk_size=chunk,
+                        batch=draw(st.integers(1, lim.max_batch)), seed=draw(st.integers(0, 2**31 - 1)))
+    if fam in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
+        fields["dim"] = draw(st.integers(1, lim.max_dim))
+    if fam is Family.SELECTIVE_SCAN:
+        max_n = min(lim.max_state, caps.max_state or lim.max_state)
+        fields["state"] = draw(st.integers(1, max_n))
+        if caps.grouped_bc and draw(st.booleans()):
+            divisors = [g for g in range(1, fields["dim"] + 1) if fields["dim"] % g == 0]
+            fields["groups"] = draw(st.sampled_from(divisors))
+        if caps.selective_options:
+            for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):
+                fields[flag] = draw(st.booleans())
+            if regime == "unstable":  # the seed's form: raw delta, no softplus
+                fields["delta_softplus"] = False
+    if fam in (Family.RETENTION, Family.RETENTION_NORMED):
+        fields["heads"] = draw(st.integers(1, lim.max_heads))
+        if caps.head_dims:
+            fields["dk"] = draw(st.sampled_from(caps.head_dims))
+            fields["dv"] = draw(st.sampled_from(caps.head_dims))
+        else:
+            top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
+            fields["dk"] = draw(st.integers(1, top_d))
+            fields["dv"] = draw(st.integers(1, top_d))
+    if fam is Family.RETENTION_NORMED:
+        fields["eps"] = draw(st.sampled_from(caps.eps_values) if caps.eps_values else epsilons())
+    problem = Problem(**fields)
+    if (explicit and regime not in ("ramp",) and problem.n_elements() <= EXPLICIT_MAX_ELEMENTS
+            and draw(st.booleans())):
+        problem = problem.replace(values=draw(explicit_values(problem)), seed=0)
+    return problem
+
+
+def is_expected_overflow_regime(regime: str) -> bool:
+    return regime in OVERFLOWING_REGIMES

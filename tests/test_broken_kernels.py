@@ -1,0 +1,116 @@
+"""Kernels that break the call contract are reported as such, and a run survives them.
+
+Each kernel of `tests.planted.broken` must come back from `harness.runner.run_case` as its own named
+`harness.kernels.guard.Outcome` with the ``kernel_error`` verdict (never an exception out of the
+harness), and a run of several kernels and cases through `harness.runner.run_cases` with a
+`harness.store.RunStore` must go on past every one of them and keep one record line per case.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.api import check
+from harness.kernels.guard import Outcome
+from harness.problems import Problem
+from harness.runner import RunOptions, run_case, run_cases
+from harness.store import RunStore, load_records
+from tests.planted import broken
+from tests.planted.broken import BROKEN
+
+#: Per-call timeout for these tests: long enough for a length-33 scan, short for the hanging kernel.
+TIMEOUT_S = 1.0
+
+OPTIONS = RunOptions(timeout_s=TIMEOUT_S, check_determinism=True)
+
+
+@pytest.fixture(autouse=True)
+def release_hanging_kernels():
+    """Let the abandoned thread of the hanging kernel finish once its test has seen the timeout."""
+    broken.RELEASE.clear()
+    yield
+    broken.RELEASE.set()
+
+
+def problem(length: int = 33, dtype: str = "float32", seed: int = 1) -> Problem:
+    return Problem(family="linear_scan", length=length, dtype=dtype, batch=2, dim=3, seed=seed)
+
+
+def test_every_outcome_is_planted_once():
+    outcomes = [k.outcome for k in BROKEN]
+    assert len(outcomes) == len(set(outcomes))
+    assert set(outcomes) == set(Outcome) - {Outcome.OK}
+
+
+def test_correct_kernel_is_ok_and_equivalent():
+    spec = broken.BrokenKernel("correct", broken.correct_scan, Outcome.OK, "control").spec
+    record = run_case(spec, problem(), OPTIONS)
+    assert record["outcome"] == Outcome.OK.value
+    assert record["verdict"] == "equivalent", record["why"]
+
+
+@pytest.mark.parametrize("kernel", BROKEN, ids=[k.name for k in BROKEN])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_contract_violation_is_named(kernel, dtype):
+    record = run_case(kernel.spec, problem(dtype=dtype), OPTIONS)
+    assert record["outcome"] == kernel.outcome.value, record.get("error")
+    assert record["verdict"] == "kernel_error"
+    assert record["cause"] == kernel.outcome.value
+    assert record["error"], "a contract violation must say what happened"
+    assert record["why"].startswith(kernel.outcome.value), record["why"]
+
+
+def test_timeout_is_bounded_by_the_option():
+    spec = next(k for k in BROKEN if k.outcome is Outcome.TIMEOUT).spec
+    record = run_case(spec, problem(), RunOptions(timeout_s=0.2))
+    assert record["outcome"] == "timeout"
+    assert record["t_kernel"] < 0.2 + 2.0  # the guard gave up at the timeout, not when the kernel returned
+    assert "0.2" in record["error"]
+
+
+def test_nondeterminism_needs_the_determinism_check():
+    spec = next(k for k in BROKEN if k.outcome is Outcome.NONDETERMINISTIC).spec
+    record = run_case(spec, problem(), RunOptions(timeout_s=TIMEOUT_S, check_determinism=False))
+    assert record["outcome"] == Outcome.OK.value  # one call cannot show it
+    record = run_case(spec, problem(), RunOptions(timeout_s=TIMEOUT_S, check_determinism=True))
+    assert record["outcome"] == Outcome.NONDETERMINISTIC.value
+    assert record["verdict"] == "kernel_error"
+
+
+def test_mutated_input_names_the_input():
+    spec = next(k for k in BROKEN if k.outcome is Outcome.MUTATED_INPUT).spec
+    record = run_case(spec, problem(), OPTIONS)
+    assert "input #1" in record["error"]  # b, the second argument
+
+
+def test_a_run_goes_on_past_every_broken_kernel(tmp_path):
+    control = broken.BrokenKernel("correct", broken.correct_scan, Outcome.OK, "control")
+    kernels = [control, *BROKEN, control]
+    problems = [problem(length=n, seed=n) for n in (1, 7, 64)]
+    cases = [(k.spec, p) for k in kernels for p in problems]
+    seen: list[str] = []
+    with RunStore(tmp_path / "run") as store:
+        records = run_cases(cases, OPTIONS, store=store, progress=lambda rec: seen.append(rec["kernel"]))
+    lines = (tmp_path / "run" / "records.jsonl").read_text().splitlines()
+    assert len(lines) == len(cases) == len(records) == len(seen)
+    stored = [json.loads(line) for line in lines]
+    assert [r["kernel"] for r in stored] == [spec.name for spec, _ in cases]
+    expected = {f"broken.{k.name}": k.outcome.value for k in kernels}
+    for rec in stored:
+        assert rec["outcome"] == expected[rec["kernel"]], (rec["kernel"], rec.get("error"))
+        assert rec["verdict"] == ("equivalent" if rec["outcome"] == "ok" else "kernel_error")
+    assert len(load_records(tmp_path / "run")) == len(cases)
+
+
+@pytest.mark.parametrize("name", ["raises", "wrong_shape", "not_a_tensor", "mutates_input"])
+def test_check_reports_a_broken_kernel(tmp_path, name):
+    kernel = next(k for k in BROKEN if k.name == name)
+    result = check(kernel.spec, profile="ci", dtypes=("float32",), max_length=64, max_examples=5,
+                   counterexample_dir=tmp_path)
+    assert not result.passed
+    assert result.failure["verdict"] == "kernel_error"
+    assert result.failure["outcome"] == kernel.outcome.value
+    assert result.counterexample is not None and result.counterexample.is_file()
+    assert kernel.outcome.value in result.message

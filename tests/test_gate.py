@@ -1,0 +1,198 @@
+"""The gate: a run compared with a baseline cell by cell, and the fail-on language.
+
+Runs are synthetic records written with `RunStore`; each test changes one thing between the baseline
+and the new run and checks that the gate says exactly that.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.errors import InvalidArgument
+from harness.gate import (FailOn, diff_runs, gate, gate_records, noise_floor, parse_fail_on, update_baseline)
+from harness.store import RunStore, load_header, load_records
+
+HEADER = {"harness_version": "0.1.0", "torch": "2.13.0", "git_commit": "base123", "profile": "ci"}
+
+
+def make_record(kernel: str = "blelloch", *, dtype: str = "float32", length: int = 64, regime: str = "trained",
+                verdict: str = "equivalent", cond: float = 0.2, seed: int = 0, **extra: Any) -> dict:
+    rec: dict[str, Any] = {
+        "kernel": kernel, "family": "linear_scan", "dtype": dtype, "length": length, "regime": regime,
+        "seed": seed, "eps": None, "chunk_size": None, "verdict": verdict, "case": f"{kernel}-{dtype}-{length}-{seed}",
+        "cond_max": cond, "max_abs": cond * 1e-4, "max_rel": cond * 1e-4, "ulp_p99": cond * 100,
+        "rms_ratio": cond * 1e-5, "baseline_ratio": cond * 2,
+    }
+    rec.update(extra)
+    return rec
+
+
+def baseline_records() -> list[dict]:
+    return [make_record(k, dtype=d, length=L) for k in ("blelloch", "sequential") for d in ("float32", "float16")
+            for L in (16, 64, 256)]
+
+
+def write_run(run_dir: Path, records: list[dict], header: dict | None = HEADER) -> Path:
+    with RunStore(run_dir, header=header) as store:
+        for rec in records:
+            store.append(rec)
+    return run_dir
+
+
+def replace(records: list[dict], match: dict, **changes: Any) -> list[dict]:
+    out = []
+    for rec in records:
+        rec = dict(rec)
+        if all(rec.get(k) == v for k, v in match.items()):
+            rec.update(changes)
+        out.append(rec)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- gate()
+def test_unchanged_run_passes(tmp_path):
+    base = write_run(tmp_path / "base", baseline_records())
+    new = write_run(tmp_path / "new", baseline_records())
+    result = gate(base, new, fail_on="cond:1.5x,rel:2x,ulp:4x,abs:10x")
+    assert result.passed and bool(result)
+    assert result.failures == [] and result.missing == [] and result.added == []
+    assert set(result.table["status"]) == {"both"}
+    assert (result.table["ratio_cond_max"] == 1.0).all()
+
+
+def test_worse_run_fails_naming_the_cell_and_both_values(tmp_path):
+    base = write_run(tmp_path / "base", baseline_records())
+    worse = replace(baseline_records(), {"kernel": "sequential", "dtype": "float16", "length": 256}, cond_max=0.9)
+    new = write_run(tmp_path / "new", worse)
+    result = gate(base, new, fail_on="cond:1.5x")
+    assert not result.passed
+    assert len(result.failures) == 1
+    message = result.failures[0]
+    for part in ("kernel=sequential", "dtype=float16", "length=256-511", "regime=trained", "cond_max",
+                 "0.2 -> 0.9", "x4.5", "1.5x"):
+        assert part in message, (part, message)
+    # worst first: the changed cell heads the diff table
+    top = result.table.iloc[0]
+    assert (top["kernel"], top["dtype"], top["length_bucket"]) == ("sequential", "float16", "256-511")
+    assert top["ratio_cond_max"] == pytest.approx(4.5)
+
+
+def test_growth_within_the_factor_passes(tmp_path):
+    base = write_run(tmp_path / "base", baseline_records())
+    new = write_run(tmp_path / "new", replace(baseline_records(), {"length": 64}, cond_max=0.29))
+    assert gate(base, new, fail_on="cond:1.5x").passed
+    assert not gate(base, new, fail_on="cond:1.4x").passed
+
+
+def test_verdict_flip_from_equivalent_fails(tmp_path):
+    base = write_run(tmp_path / "base", baseline_records())
+    flipped = replace(baseline_records(), {"kernel": "blelloch", "dtype": "float32", "length": 16},
+                      verdict="divergent")
+    new = write_run(tmp_path / "new", flipped)
+    result = gate(base, new, fail_on="")  # no metric terms: verdicts alone
+    assert not result.passed
+    assert result.failures == ["kernel=blelloch family=linear_scan dtype=float32 length=16-31 regime=trained: "
+                               "verdict equivalent -> divergent (baseline 1 cases, now 1)"]
+    assert result.table.iloc[0]["verdict_change"] == 1
+
+
+def test_a_better_verdict_passes():
+    base = replace(baseline_records(), {"length": 16}, verdict="divergent")
+    assert gate_records(base, baseline_records()).passed
+
+
+def test_tiny_values_below_the_noise_floor_do_not_fail():
+    base = [make_record(cond=0.001)]
+    new = [make_record(cond=0.04)]  # 40x, but both below the cond floor of 0.05
+    assert gate_records(base, new, "cond:1.5x").passed
+    assert not gate_records(base, [make_record(cond=0.06)], "cond:1.5x").passed
+    assert noise_floor("cond_max", "float32") == 0.05
+    assert noise_floor("max_abs", "float16") == pytest.approx(4 * 2.0**-11)
+
+
+def test_non_finite_new_value_fails():
+    result = gate_records([make_record()], [make_record(cond_max=math.inf)], "cond:1.5x")
+    assert not result.passed and "0.2 -> inf" in result.failures[0]
+
+
+def test_missing_cells_are_reported_and_fail_only_when_asked(tmp_path):
+    base = write_run(tmp_path / "base", baseline_records())
+    fewer = [r for r in baseline_records() if r["kernel"] != "sequential"] + [make_record("new_kernel")]
+    new = write_run(tmp_path / "new", fewer)
+    result = gate(base, new)
+    assert result.passed
+    assert len(result.missing) == 6 and all("kernel=sequential" in m for m in result.missing)
+    assert result.added == ["kernel=new_kernel family=linear_scan dtype=float32 length=64-127 regime=trained: "
+                            "new in this run (1 cases, equivalent)"]
+    strict = gate(base, new, fail_on_missing=True)
+    assert not strict.passed and len(strict.failures) == 6
+
+
+def test_runs_with_no_cell_in_common_fail():
+    result = gate_records(baseline_records(), [make_record("other_kernel")])
+    assert not result.passed
+    assert result.failures == ["no cell of this run matches the baseline (12 baseline cells, 1 new cells): "
+                               "nothing was compared; is it the baseline of these kernels?"]
+
+
+def test_gate_without_a_baseline_says_how_to_make_one(tmp_path):
+    new = write_run(tmp_path / "new", baseline_records())
+    with pytest.raises(InvalidArgument, match="update-baseline"):
+        gate(tmp_path / "nowhere", new)
+
+
+# ------------------------------------------------------------------------------------------ diff_runs
+def test_diff_matches_cells_by_the_full_key():
+    base = [make_record(regime="trained"), make_record(regime="long_memory", cond=0.5)]
+    new = [make_record(regime="trained", cond=0.4), make_record(regime="long_memory", cond=0.5)]
+    table = diff_runs(base, new)
+    assert list(table["regime"]) == ["trained", "long_memory"]  # the doubled cell first
+    assert list(table["ratio_cond_max"]) == pytest.approx([2.0, 1.0])
+
+
+# ------------------------------------------------------------------------------------- parse_fail_on
+def test_parse_fail_on_reads_aliases_and_factors():
+    terms = parse_fail_on("cond:1.5x, rel:2x,ulp:4,abs:10x,rms:50%,baseline_ratio:3x")
+    assert [(t.metric, t.factor) for t in terms] == [("cond_max", 1.5), ("max_rel", 2.0), ("ulp_p99", 4.0),
+                                                     ("max_abs", 10.0), ("rms_ratio", 1.5), ("baseline_ratio", 3.0)]
+    assert terms[0] == FailOn("cond_max", 1.5, "cond:1.5x")
+    assert parse_fail_on("") == () and parse_fail_on(None) == ()
+
+
+@pytest.mark.parametrize("spec, term", [
+    ("cond", "cond"),
+    ("cond:1.5x,speed:2x", "speed:2x"),
+    ("cond:fast", "cond:fast"),
+    ("cond:0.5x", "cond:0.5x"),
+    ("cond:2x,cond:3x", "cond:3x"),
+    (":2x", ":2x"),
+])
+def test_parse_fail_on_rejects_bad_terms_naming_them(spec, term):
+    with pytest.raises(InvalidArgument) as info:
+        parse_fail_on(spec)
+    message = str(info.value)
+    assert repr(term) in message
+    assert "metric:factor" in message or "at least 1" in message or "once" in message
+
+
+# ----------------------------------------------------------------------------------- update_baseline
+def test_update_baseline_copies_records_and_header(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, baseline_records()[:6])
+    with RunStore(run, worker="gw1") as store:
+        for rec in baseline_records()[6:]:
+            store.append(rec)
+    baseline = tmp_path / "reports" / "baseline"
+    baseline.mkdir(parents=True)
+    (baseline / "records-gw9.jsonl").write_text("{}\n")  # a stale file of an older baseline
+    assert update_baseline(run, baseline) == baseline
+    assert sorted(p.name for p in baseline.iterdir()) == ["records.jsonl", "run.json"]
+    assert len(load_records(baseline)) == 12
+    assert load_header(baseline)["git_commit"] == "base123"
+    assert gate(baseline, run).passed
+    with pytest.raises(InvalidArgument, match="no records"):
+        update_baseline(tmp_path / "empty", baseline)

@@ -1,0 +1,247 @@
+"""The report: tables, Markdown, CSV, JSON and PNG files built from synthetic records.
+
+Records are written by hand with `RunStore` (no kernel runs), so every expected count, worst case and
+fitted exponent below is known exactly.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.report import (append_step_summary, build_report, cell_table, fit_exponent, growth_table,
+                            length_bucket, summary_markdown, summary_table)
+from harness.store import RunStore
+
+HEADER = {"harness_version": "0.1.0", "torch": "2.13.0", "python": "3.11.7", "device": "cpu (x86_64)",
+          "git_commit": "abc1234", "profile": "ci", "started": "2025-01-01T00:00:00+00:00"}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def make_record(kernel: str = "blelloch", *, family: str = "linear_scan", dtype: str = "float32", length: int = 64,
+                regime: str = "trained", verdict: str = "equivalent", cond: float | None = 0.01,
+                eps: float | None = None, chunk_size: int | None = None, seed: int = 0, **extra: Any) -> dict:
+    """One synthetic record in the runner's shape (metrics derived from ``cond``)."""
+    rec: dict[str, Any] = {
+        "kernel": kernel, "family": family, "dtype": dtype, "length": length, "regime": regime, "seed": seed,
+        "eps": eps, "chunk_size": chunk_size, "device": "cpu", "verdict": verdict, "why": f"synthetic {verdict}",
+        "cause": {"equivalent": "rounding", "divergent": "kernel_bug"}.get(verdict, verdict),
+        "case": f"{kernel}-{dtype}-{length}-{regime}-{eps}-{chunk_size}-{seed}",
+        "replay": f"harness replay --kernel {kernel} --problem '{{\"length\": {length}, \"seed\": {seed}}}'",
+        "outcome": "ok", "error": None, "t_kernel": 0.001 * (seed + 1),
+    }
+    if verdict == "kernel_error":
+        rec.update(outcome="wrong_shape", error="output shape (1, 4) != (1, 4, 64)")
+    elif cond is not None:
+        rec.update(cond_max=cond, max_abs=cond * 1e-6, max_rel=cond * 1e-5, rms_ratio=cond * 1e-7, ulp_p99=cond * 10,
+                   baseline_ratio=cond * 16, nonfinite_class="none", onset_t=None, growth_exponent=0.5)
+    rec.update(extra)
+    return rec
+
+
+def sample_records() -> list[dict]:
+    """Two linear-scan kernels over five lengths and two dtypes, a few failures, a normed-retention sweep."""
+    recs = []
+    for kernel in ("blelloch", "sequential"):
+        for dtype in ("float32", "bfloat16"):
+            for length in (8, 16, 64, 256, 1024):
+                recs.append(make_record(kernel, dtype=dtype, length=length, cond=1e-3 * length**0.75))
+    recs.append(make_record("blelloch", dtype="bfloat16", length=300, verdict="divergent", cond=7.5, onset_t=100,
+                            nonfinite_class="kernel_nonfinite", first_nonfinite_t=300))
+    recs.append(make_record("blelloch", dtype="bfloat16", length=300, regime="unstable", verdict="out_of_domain",
+                            cond=math.nan, max_abs=math.inf, nonfinite_class="expected_overflow"))
+    recs.append(make_record("sequential", dtype="float32", length=32, verdict="kernel_error", seed=3))
+    for eps in (0.0, 1e-6, 1e-3):
+        for length in (16, 64):
+            recs.append(make_record("chunked_retention", family="retention_normed", length=length, eps=eps,
+                                    chunk_size=16, cond=0.1 + 100 * eps))
+    return recs
+
+
+def write_run(run_dir: Path, records: list[dict], *, workers: int = 0) -> Path:
+    """Write ``records`` as one run (split round-robin over ``workers`` worker files when > 0)."""
+    if workers:
+        RunStore(run_dir, header=HEADER).close()
+        (run_dir / "records.jsonl").unlink()
+        for w in range(workers):
+            with RunStore(run_dir, worker=f"gw{w}") as store:
+                for rec in records[w::workers]:
+                    store.append(rec)
+    else:
+        with RunStore(run_dir, header=HEADER) as store:
+            for rec in records:
+                store.append(rec)
+    return run_dir
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    run = write_run(tmp_path_factory.mktemp("run"), sample_records())
+    return build_report(run)
+
+
+# --------------------------------------------------------------------------------------------- files
+def test_build_report_writes_every_file(report):
+    for path in report.files():
+        assert path.is_file() and path.stat().st_size > 0, path
+    assert report.index.name == "index.md"
+    names = sorted(p.name for p in report.plots)
+    assert names == ["plot_error_vs_eps.png", "plot_error_vs_length_linear_scan.png",
+                     "plot_error_vs_length_retention_normed.png", "plot_onset.png"]
+
+
+def test_index_starts_with_verdict_counts_and_header(report):
+    text = report.index.read_text()
+    lines = text.splitlines()
+    assert lines[0] == "# Kernel equivalence report"
+    assert "**29 cases**: 26 equivalent · 1 divergent · 1 out_of_domain · 1 kernel_error" in lines[2]
+    head = text.split("## Summary")[0]
+    for value in ("2.13.0", "3.11.7", "cpu (x86_64)", "abc1234", "| profile"):
+        assert value in head
+    assert "| kernel " in text and "## Failing cases" in text
+    assert "![plot_onset](plot_onset.png)" in text
+
+
+# -------------------------------------------------------------------------------------------- tables
+def test_summary_counts_and_worst_first(report):
+    rows = read_csv(report.summary_csv)
+    assert [(r["kernel"], r["dtype"]) for r in rows[:2]] == [("blelloch", "bfloat16"), ("sequential", "float32")]
+    first = rows[0]
+    assert (first["n"], first["equivalent"], first["divergent"], first["out_of_domain"]) == ("7", "5", "1", "1")
+    assert first["worst_verdict"] == "divergent" and first["worst_cond_max"] == "7.5"
+    assert first["worst_length"] == "300"
+    assert rows[1]["worst_verdict"] == "kernel_error" and rows[1]["kernel_error"] == "1"
+    equivalent = [r for r in rows if r["worst_verdict"] == "equivalent"]
+    conds = [float(r["worst_cond_max"]) for r in equivalent]
+    assert conds == sorted(conds, reverse=True)
+    assert sum(int(r["n"]) for r in rows) == 29
+
+
+def test_cells_take_the_worst_of_each_bucket(report):
+    rows = read_csv(report.cells_csv)
+    cell = [r for r in rows if r["kernel"] == "blelloch" and r["dtype"] == "bfloat16"
+            and r["length_bucket"] == "256-511" and r["regime"] == "trained"]
+    assert len(cell) == 1
+    cell = cell[0]
+    # the 256-long equivalent case and the 300-long divergent one share the bucket
+    assert (cell["n"], cell["n_not_equivalent"], cell["worst_verdict"]) == ("2", "1", "divergent")
+    assert float(cell["cond_max"]) == 7.5
+    assert cell["nonfinite"] == "kernel_nonfinite" and cell["onset_t"] == "100"
+    unstable = [r for r in rows if r["regime"] == "unstable"][0]
+    assert unstable["max_abs"] == "inf" and unstable["cond_max"] == ""
+    normed = [r for r in rows if r["family"] == "retention_normed"]
+    assert sorted({r["eps"] for r in normed}) == ["0.0", "0.001", "1e-06"]
+    assert {r["chunk_size"] for r in normed} == {"16"}
+    buckets = [r["length_bucket"] for r in rows if r["kernel"] == "sequential" and r["dtype"] == "float32"]
+    assert buckets == ["8-15", "16-31", "32-63", "64-127", "256-511", "1024-2047"]
+
+
+def test_growth_exponent_is_fitted_across_lengths(report):
+    rows = {(r["kernel"], r["dtype"]): r for r in read_csv(report.growth_csv)}
+    seq = rows[("sequential", "float32")]
+    assert float(seq["exponent_cond_max"]) == pytest.approx(0.75, abs=1e-4)
+    assert float(seq["exponent_max_abs"]) == pytest.approx(0.75, abs=1e-4)
+    assert seq["n_lengths"] == "5"
+    # two lengths only: no fit for the normed retention kernel
+    assert ("chunked_retention", "float32") not in rows
+
+
+def test_failures_list_each_failing_case_with_replay(report):
+    rows = read_csv(report.failures_csv)
+    assert [r["verdict"] for r in rows] == ["divergent", "kernel_error", "out_of_domain"]
+    assert all(r["replay"].startswith("harness replay --kernel ") for r in rows)
+    text = report.index.read_text()
+    assert text.count("```sh") == 3
+    assert "harness replay --kernel sequential --problem '{\"length\": 32, \"seed\": 3}'" in text
+
+
+def test_report_json_holds_header_and_tables(report):
+    doc = json.loads(report.report_json.read_text())
+    assert doc["header"]["git_commit"] == "abc1234"
+    assert doc["verdict_counts"] == {"equivalent": 26, "divergent": 1, "out_of_domain": 1, "kernel_error": 1}
+    assert len(doc["summary"]) == 5 and len(doc["failures"]) == 3
+    assert doc["summary"][0]["worst_cond_max"] == 7.5
+    assert len(doc["cells"]) == len(read_csv(report.cells_csv))
+
+
+@pytest.mark.parametrize("length, label", [(1, "1"), (2, "2-3"), (3, "2-3"), (4, "4-7"), (7, "4-7"),
+                                           (64, "64-127"), (127, "64-127"), (128, "128-255"), (None, "?")])
+def test_length_buckets_are_powers_of_two(length, label):
+    assert length_bucket(length)[1] == label
+
+
+def test_fit_exponent_needs_three_lengths():
+    assert math.isnan(fit_exponent([8, 8, 16], [1.0, 2.0, 3.0])[0])
+    assert fit_exponent([8, 16, 32], [1.0, 4.0, 16.0])[0] == pytest.approx(2.0)
+    # zero and non-finite errors are left out, not fitted as -inf
+    assert fit_exponent([8, 16, 32, 64], [1.0, 2.0, 4.0, 0.0])[0] == pytest.approx(1.0)
+
+
+def test_records_with_missing_fields_do_not_break_tables():
+    recs = [{"kernel": "k", "verdict": "kernel_error"}, {"kernel": "k", "dtype": "float32", "length": 8},
+            make_record("k", cond=None), make_record("k", length=16, max_rel=None)]
+    # a record without family or dtype gets a row of its own ("-"), not an exception
+    assert sorted(summary_table(recs)["dtype"]) == ["-", "float32", "float32"]
+    assert len(cell_table(recs)) >= 2
+    assert growth_table(recs).empty
+    assert "k" in summary_markdown(recs)
+
+
+# ---------------------------------------------------------------------------------------- determinism
+def test_two_builds_are_byte_identical(tmp_path, report):
+    records = sample_records()
+    serial = build_report(write_run(tmp_path / "serial", records))
+    # the same records, written in another order and split over two worker files
+    shuffled = records[::-1]
+    split = build_report(write_run(tmp_path / "split", shuffled, workers=2))
+    for a, b in zip(serial.files(), split.files(), strict=True):
+        assert a.name == b.name
+        assert a.read_bytes() == b.read_bytes(), a.name
+    for a, b in zip(serial.files(), report.files(), strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_plots_are_valid_pngs(report):
+    from matplotlib.image import imread
+
+    for path in report.plots:
+        assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+        image = imread(path)
+        assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300, (path, image.shape)
+
+
+def test_plots_are_skipped_without_data(tmp_path):
+    from harness.plots import write_plots
+
+    recs = [make_record("k", verdict="kernel_error"), make_record("k", cond=None)]
+    assert write_plots(recs, tmp_path) == []
+    assert not list(tmp_path.glob("*.png"))
+
+
+# -------------------------------------------------------------------------------------------- summary
+def test_summary_markdown_is_a_github_table_worst_first():
+    text = summary_markdown(sample_records())
+    lines = text.splitlines()
+    assert lines[0].startswith("**29 cases**")
+    table = [line for line in lines if line.startswith("|")]
+    assert table[0].startswith("| kernel") and set(table[1]) <= {"|", "-", " "}
+    assert "| blelloch " in table[2] and "divergent" in table[2]
+    assert summary_markdown([]) == "_No harness records._"
+
+
+def test_step_summary_is_appended_when_the_variable_is_set(tmp_path):
+    target = tmp_path / "step_summary.md"
+    target.write_text("earlier step\n")
+    assert append_step_summary("| a |\n|---|", {"GITHUB_STEP_SUMMARY": str(target)}) == target
+    assert target.read_text() == "earlier step\n| a |\n|---|\n\n"
+    assert append_step_summary("x", {}) is None
