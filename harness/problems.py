@@ -18,8 +18,8 @@ Input regimes (named, per family; `REGIMES` lists which apply):
   factors sit near the dtype's largest / smallest normal value (max**(1/4), tiny**(1/4) each).
 - ``unstable``: decay factors above 1. Selective scan: delta and A standard normal with no softplus
   (the Mamba seed's inputs); linear scan: a standard normal.
-- ``ramp``: retention only: q = k = v = arange scaled to [0, 1] (the RetNet seed's input, without the
-  projections).
+- ``ramp``: retention only: q = k = v = arange scaled to (0, 1] (the RetNet seed's input, without the
+  projections; starting at 1/n, not 0, so no row is all zeros).
 """
 
 from __future__ import annotations
@@ -269,8 +269,8 @@ def _retention_inputs(p: Problem, shapes, gen) -> dict[str, torch.Tensor]:
     if p.regime == "ramp":
         out = {}
         for name, shape in shapes.items():
-            x = torch.arange(math.prod(shape), dtype=torch.float64)
-            out[name] = (x / max(float(x.max()), 1.0)).reshape(shape)
+            x = torch.arange(1, math.prod(shape) + 1, dtype=torch.float64)
+            out[name] = (x / float(x.max())).reshape(shape)
         return out
     s = data_scale(p.regime, p.dtype)
     return {name: _randn(shape, gen) * s for name, shape in shapes.items()}

@@ -212,6 +212,25 @@ def _record(record: Divergence | Mapping[str, Any] | None) -> Divergence | None:
     raise InvalidArgument(f"record={record!r:.80} is neither a Divergence nor its to_dict() dict")
 
 
+def _stored_kernel_error(record: Mapping[str, Any]) -> str | None:
+    """The kernel error a stored runner record carries, or None when it holds a measurement.
+
+    The runner stores a failed kernel call as ``outcome`` (not ``"ok"``) and ``error`` (the message)
+    with no measurements; judging such a record again must give KERNEL_ERROR, not a verdict made of
+    missing numbers. A mapping with neither a measurement nor an error cannot be judged.
+    """
+    outcome = record.get("outcome")
+    error = record.get("error")
+    if outcome not in (None, "ok") or (error and "n_elements" not in record):
+        return f"{outcome}: {error}" if outcome not in (None, "ok") else str(error)
+    if "n_elements" not in record:
+        raise InvalidArgument(
+            f"record with keys {sorted(record)[:8]} holds no measurement (no 'n_elements'); pass the output "
+            f"of metrics.measure(...) or its to_dict(), or kernel_error= for a kernel that failed"
+        )
+    return None
+
+
 def _g(value: float | None) -> str:
     if value is None:
         return "n/a"
@@ -240,6 +259,8 @@ def judge(
     ``dtype`` overrides the record's dtype (float64 is held to float64 rounding).
     """
     policy = policy if policy is not None else Policy()
+    if kernel_error is None and isinstance(record, Mapping):
+        kernel_error = _stored_kernel_error(record)
     if kernel_error is not None:
         text = kernel_error if isinstance(kernel_error, str) else f"{type(kernel_error).__name__}: {kernel_error}"
         return Judgement(Verdict.KERNEL_ERROR, text, "kernel_error")
@@ -332,6 +353,14 @@ def _domain_why(rec: Divergence, name: str, max_finite: float) -> str:
     return f"{what}{where}{rows}, the inputs overflow the dtype even in exact arithmetic"
 
 
+_HEADLINES: dict[Verdict, str] = {
+    Verdict.EQUIVALENT: "Kernel output is equivalent to the float64 oracle.",
+    Verdict.DIVERGENT: "Kernel output diverges from the float64 oracle.",
+    Verdict.OUT_OF_DOMAIN: "The case is out of domain: its inputs overflow the dtype even in exact arithmetic.",
+    Verdict.KERNEL_ERROR: "The kernel failed; there is no output to compare with the float64 oracle.",
+}
+
+
 def format_failure(
     record: Divergence | Mapping[str, Any] | None,
     judgement: Judgement,
@@ -339,8 +368,8 @@ def format_failure(
 ) -> str:
     """The message `assert_equivalent` raises with: what mismatched, where, by how much, why, how to replay."""
     rec = _record(record)
-    lines = [f"Kernel output is {judgement.verdict.value.replace('_', ' ')}, measured against the float64 oracle."]
-    if rec is not None and not rec.problem:
+    lines = [_HEADLINES[judgement.verdict]]
+    if rec is not None and not rec.problem and rec.n_elements and judgement.verdict is not Verdict.KERNEL_ERROR:
         case = f"dtype {rec.dtype}" + (" (tf32)" if rec.tf32 else "") + f", shape {tuple(rec.shape)}, L={rec.length}"
         lines.append(f"Case: {case}")
         pct = 100.0 * rec.n_mismatch / rec.n_in_domain if rec.n_in_domain else 0.0

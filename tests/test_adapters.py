@@ -215,7 +215,8 @@ def normwise_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def tolerance(name: str, dtype: str) -> float:
-    return RTOL[dtype] * LOOSER.get(name, 1.0)
+    """The dtype's tolerance, at the kernel's declared internal precision (``computes_in``)."""
+    return RTOL[BY_NAME[name].capabilities.precision(dtype)] * LOOSER.get(name, 1.0)
 
 
 def loaded(spec: KernelSpec):

@@ -336,3 +336,21 @@ def test_seed_L512_float32_sequential_loop_is_out_of_domain_not_divergent():
     assert j_bad.verdict is Verdict.DIVERGENT and j_bad.rule == "kernel_nonfinite"
     assert d_bad.first_nonfinite_t == 300 and d_bad.worst_index == (b, c, 300)
     assert "t=300" in j_bad.why
+
+
+def test_judging_a_stored_runner_record_again():
+    # a failed kernel call: the runner stores outcome and error, no measurements
+    failed = {"kernel": "broken.raises", "outcome": "raises", "error": "RuntimeError: boom", "verdict": "kernel_error"}
+    j = judge(failed)
+    assert j.verdict is Verdict.KERNEL_ERROR and j.why == "raises: RuntimeError: boom"
+    with pytest.raises(DivergenceError) as info:
+        assert_equivalent(failed)
+    assert "raises: RuntimeError: boom" in str(info.value) and "Mismatched" not in str(info.value)
+    # a measured case: outcome ok, the measurement decides
+    measured = {**planted().to_dict(), "kernel": "k", "outcome": "ok", "error": None}
+    assert judge(measured).rule == "cond"
+    # nothing to judge
+    with pytest.raises(InvalidArgument, match="n_elements"):
+        judge({"kernel": "k"})
+    with pytest.raises(InvalidArgument, match="n_elements"):
+        judge({})

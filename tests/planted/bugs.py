@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from harness.kernels import retnet_forms as rf
 from harness.kernels.blelloch import _expand_bc, blelloch_linear_scan
 from harness.kernels.contract import Capabilities, Family, KernelSpec
+from harness.problems import Problem
 
 __all__ = ["PlantedBug", "PLANTED", "by_name"]
 
@@ -427,7 +428,9 @@ class PlantedBug:
     shows in some dtypes (float16 state in a float32 kernel) lists those. ``max_length``: the longest
     length the search draws (None: the profile's), set for a bug that only shows past some length or to
     keep the search short. ``capabilities``: what the kernel accepts (chunked kernels declare
-    ``chunk_sizes=()``). ``exposed_by``: in words, the cases that show the bug.
+    ``chunk_sizes=()``). ``exposed_by``: in words, the cases that show the bug; ``exposes``: the same
+    as a predicate on a `Problem`, which every counterexample the harness finds must satisfy (a
+    counterexample outside it would mean the harness flagged something other than the bug).
     """
 
     name: str
@@ -438,6 +441,7 @@ class PlantedBug:
     dtypes: tuple[str, ...] | None = ("float64", "float32")
     max_length: int | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
+    exposes: Callable[[Problem], bool] = lambda p: True
 
     @property
     def spec(self) -> KernelSpec:
@@ -463,36 +467,42 @@ PLANTED: list[PlantedBug] = [
     # -- linear_scan
     PlantedBug("scan_pow2_only_downsweep", Family.LINEAR_SCAN, scan_pow2_only_downsweep,
                "Blelloch sweeps that assume a power-of-two length (mamba.py pscan)",
-               exposed_by="L not a power of two (L = 3 is the smallest)"),
+               exposed_by="L not a power of two (L = 3 is the smallest)",
+               exposes=lambda p: p.length & (p.length - 1) != 0),
     PlantedBug("scan_drops_carry_after_block_8", Family.LINEAR_SCAN, scan_drops_carry_after_block_8,
                "blocked scan (64) whose carry buffer holds 8 blocks; block 8 on starts from zero",
-               exposed_by="L > 512", max_length=1024),
+               exposed_by="L > 512", max_length=1024, exposes=lambda p: p.length > CARRY_BLOCK * CARRY_SLOTS),
     PlantedBug("scan_batch_flattened", Family.LINEAR_SCAN, scan_batch_flattened,
                "batch flattened into the length: right only for batch 1",
-               exposed_by="batch >= 2"),
+               exposed_by="batch >= 2", exposes=lambda p: p.batch >= 2),
     PlantedBug("scan_fp16_state", Family.LINEAR_SCAN, scan_fp16_state,
                "state stored in float16 between steps inside a float32/float64 kernel",
-               exposed_by="float32 or float64 (exact in float16)", max_length=512),
+               exposed_by="float32 or float64 (exact in float16)", max_length=512,
+               exposes=lambda p: p.dtype in ("float32", "float64")),
     PlantedBug("scan_hillis_steele_stale_decay", Family.LINEAR_SCAN, scan_hillis_steele_stale_decay,
                "Hillis-Steele scan that doubles the decay products before the values read them",
-               exposed_by="L >= 2"),
+               exposed_by="L >= 2", exposes=lambda p: p.length >= 2),
     # -- selective_scan
     PlantedBug("ssm_D_inside_state_sum", Family.SELECTIVE_SCAN, ssm_D_inside_state_sum,
-               "D*u added to every state before the C contraction", exposed_by="D given"),
+               "D*u added to every state before the C contraction", exposed_by="D given",
+               exposes=lambda p: p.has_D),
     PlantedBug("ssm_D_wrong_channel", Family.SELECTIVE_SCAN, ssm_D_wrong_channel,
-               "D read for channel d-1", exposed_by="D given, dim >= 2"),
+               "D read for channel d-1", exposed_by="D given, dim >= 2",
+               exposes=lambda p: p.has_D and p.dim >= 2),
     PlantedBug("ssm_gate_sigmoid", Family.SELECTIVE_SCAN, ssm_gate_sigmoid,
-               "z gate as sigmoid(z) instead of silu(z)", exposed_by="z given"),
+               "z gate as sigmoid(z) instead of silu(z)", exposed_by="z given", exposes=lambda p: p.has_z),
     PlantedBug("ssm_gate_before_D", Family.SELECTIVE_SCAN, ssm_gate_before_D,
-               "z gate applied before the D skip is added", exposed_by="D and z given"),
+               "z gate applied before the D skip is added", exposed_by="D and z given",
+               exposes=lambda p: p.has_D and p.has_z),
     PlantedBug("ssm_softplus_before_bias", Family.SELECTIVE_SCAN, ssm_softplus_before_bias,
                "softplus(delta) + bias instead of softplus(delta + bias)",
-               exposed_by="delta_softplus and delta_bias"),
+               exposed_by="delta_softplus and delta_bias",
+               exposes=lambda p: p.delta_softplus and p.has_delta_bias),
     PlantedBug("ssm_delta_shifted", Family.SELECTIVE_SCAN, ssm_delta_shifted,
-               "delta read one step late", exposed_by="L >= 2"),
+               "delta read one step late", exposed_by="L >= 2", exposes=lambda p: p.length >= 2),
     PlantedBug("ssm_groups_modulo", Family.SELECTIVE_SCAN, ssm_groups_modulo,
                "grouped B/C: channel d reads group d % G instead of d // (dim/G)",
-               exposed_by="grouped B/C with 1 < G < dim"),
+               exposed_by="grouped B/C with 1 < G < dim", exposes=lambda p: 1 < p.groups < p.dim),
     # -- retention
     PlantedBug("retention_parallel_strict_mask", Family.RETENTION, retention_parallel_strict_mask,
                "parallel causal mask n > m: the diagonal is dropped", exposed_by="any case"),
@@ -501,25 +511,28 @@ PLANTED: list[PlantedBug] = [
     PlantedBug("retention_decay_off_by_one_head", Family.RETENTION, retention_decay_off_by_one_head,
                "decay schedule shifted by one head", exposed_by="any case"),
     PlantedBug("retention_scale_by_dv", Family.RETENTION, retention_scale_by_dv,
-               "query scaled by dv**-0.5 instead of dk**-0.5", exposed_by="dk != dv"),
+               "query scaled by dv**-0.5 instead of dk**-0.5", exposed_by="dk != dv",
+               exposes=lambda p: p.dk != p.dv),
     PlantedBug("retention_chunkwise_cross_decay_off_by_one", Family.RETENTION,
                retention_chunkwise_cross_decay_off_by_one,
                "chunkwise cross-chunk decay gamma^j instead of gamma^(j+1)",
-               exposed_by="L > chunk_size", capabilities=_CHUNKED),
+               exposed_by="L > chunk_size", capabilities=_CHUNKED, exposes=lambda p: p.length > p.chunk_size),
     PlantedBug("retention_chunkwise_drops_partial_chunk", Family.RETENTION, retention_chunkwise_drops_partial_chunk,
                "chunkwise retention drops a partial last chunk",
-               exposed_by="chunk_size does not divide L", capabilities=_CHUNKED),
+               exposed_by="chunk_size does not divide L", capabilities=_CHUNKED,
+               exposes=lambda p: p.length % p.chunk_size != 0),
     # -- retention_normed
     PlantedBug("normed_eps_outside_sqrt", Family.RETENTION_NORMED, normed_eps_outside_sqrt,
-               "norm eps added outside the square root", exposed_by="eps > 0"),
+               "norm eps added outside the square root", exposed_by="eps > 0", exposes=lambda p: p.eps > 0),
     PlantedBug("normed_across_heads", Family.RETENTION_NORMED, normed_across_heads,
-               "group norm over all heads together instead of per head", exposed_by="heads >= 2"),
+               "group norm over all heads together instead of per head", exposed_by="heads >= 2",
+               exposes=lambda p: p.heads >= 2),
     PlantedBug("normed_layernorm", Family.RETENTION_NORMED, normed_layernorm,
                "LayerNorm (mean subtracted) instead of RMS norm", exposed_by="any case"),
     PlantedBug("normed_chunkwise_cross_decay_off_by_one", Family.RETENTION_NORMED,
                normed_chunkwise_cross_decay_off_by_one,
                "chunkwise cross-chunk decay off by one, then the norm",
-               exposed_by="L > chunk_size", capabilities=_CHUNKED),
+               exposed_by="L > chunk_size", capabilities=_CHUNKED, exposes=lambda p: p.length > p.chunk_size),
 ]
 
 
