@@ -162,6 +162,11 @@ def runnable(spec: KernelSpec, problem: Problem) -> bool:
     caps = spec.capabilities
     if caps.runs(problem.dtype, problem.device) is not None:
         return False
+    if problem.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
     if not caps.accepts_length(problem.length, problem.chunk_size):
         return False
     if caps.takes_chunk and problem.chunk_size is None:

@@ -106,17 +106,14 @@ def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],
 
 @contextlib.contextmanager
 def tf32_mode(enabled: bool):
-    """TF32 for float32 matrix products on CUDA, restored afterwards (a no-op on the CPU)."""
+    """TF32 on or off for float32 matmuls on CUDA (`harness.gpu.tf32_settings`); a no-op without CUDA."""
     if not torch.cuda.is_available():
         yield
         return
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-    try:
+    from harness.gpu import tf32_settings
+
+    with tf32_settings(enabled):
         yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,7 +67,8 @@ SHAPES = {
 }
 
 
-def small_problem(spec: KernelSpec, device: str, dtype: str = "float32", tf32: bool = False, length: int = 33) -> Problem:
+def small_problem(spec: KernelSpec, device: str, dtype: str = "float32", tf32: bool = False,
+                  length: int = 33) -> Problem:
     fam = spec.family.value
     chunk = 8 if spec.capabilities.takes_chunk else None
     return Problem(family=fam, length=length, dtype=dtype, tf32=tf32, device=device, chunk_size=chunk,
@@ -302,8 +304,7 @@ def test_gpu_sweep_without_gpu_exits_0_with_the_reason(tmp_path: Path) -> None:
 @pytest.mark.skipif(CUDA_REASON is None, reason="a GPU is present: the check would run the sweep")
 def test_gpu_check_without_gpu_exits_0(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "gpu")],
-                          capture_output=True, text=True, timeout=120, env={**__import__("os").environ,
-                                                                            "PYTHON": sys.executable})
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stderr
     assert "== torch / CUDA" in proc.stdout and f"torch {torch.__version__}" in proc.stdout
     assert proc.stdout.rstrip().endswith(f"gpu_sweep: skipped: {CUDA_REASON}")
@@ -342,16 +343,21 @@ def test_gpu_sweep_memoizes_the_oracle_and_restores_it() -> None:
     assert runner.reference_trace is original
 
 
-def test_gpu_sweep_rehearsal_on_cpu(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_gpu_sweep_runs_end_to_end(tmp_path: Path, capsys, device: str) -> None:
+    """The sweep on a tiny grid: on the CPU a rehearsal, on a GPU the real path (TF32 cases included)."""
     sweep = load_sweep_module()
     out = tmp_path / "run"
-    rc = sweep.main([str(out), "--device", "cpu", "--kernels", "intree.blelloch_scan,intree.retention_chunkwise",
+    rc = sweep.main([str(out), "--device", device, "--kernels", "intree.blelloch_scan,intree.retention_chunkwise",
                      "--lengths", "16,33", "--no-report"])
     text = capsys.readouterr().out
     assert rc == 0, text
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     header = json.loads((out / "run.json").read_text())
     assert len(records) == header["cases_planned"] == header["cases_run"] and header["budget_exhausted"] is False
+    assert {r["device"] for r in records} == {device}
+    failing = [r["why"] for r in records if r["verdict"] != "equivalent"]
+    assert not failing, failing
     assert {r["kernel"] for r in records} == {"intree.blelloch_scan", "intree.retention_chunkwise"}
     det = [json.loads(line) for line in (out / "determinism.jsonl").read_text().splitlines()]
     assert {r["kernel"] for r in det} == {r["kernel"] for r in records} and all(r["deterministic"] for r in det)
@@ -391,3 +397,17 @@ def test_oracle_reads_device_inputs_back_to_the_cpu(device: str) -> None:
     assert trace.out.device.type == "cpu" and trace.out.dtype == torch.float64
     cpu = p.replace(device="cpu")
     assert torch.equal(trace.out, reference_trace(cpu, cpu.make_inputs()).out)
+
+
+def test_gpu_sweep_file() -> None:
+    """cases/sweeps/gpu.toml: every kernel is registered; without a GPU the sweep has no case at all."""
+    from harness.cases import load_sweep
+
+    sweep = load_sweep("gpu")
+    assert sweep.description and sweep.groups and sweep.pairs
+    names = {k for g in sweep.groups for k in g.kernels} | {k for pair in sweep.pairs for k in pair}
+    for name in names:
+        registry.get(name)
+    assert all(g.fixed.get("device") == "cuda" for g in sweep.groups)
+    if CUDA_REASON is not None:
+        assert list(sweep.cases()) == [] and list(sweep.pair_cases()) == []

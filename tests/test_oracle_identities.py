@@ -515,7 +515,8 @@ def test_retention_trace_fields(problem, eps, kind):
     assert torch.equal(trace.decay_peak, gamma.view(1, 1, heads, 1).expand_as(trace.out))  # |gamma| <= 1
     normed = retention_normed_trace(**problem, eps=eps, kind=kind)
     _check_trace_fields(normed, 1)
-    assert torch.equal(normed.state_peak, trace.state_peak)
+    # the normed trace adds the norm's own intermediates (mean square and its reciprocal) to the peak
+    assert bool((normed.state_peak >= trace.state_peak).all())
 
 
 def test_decay_peak_is_the_largest_window_product():

@@ -1,0 +1,366 @@
+"""Calibrate the verdict thresholds from data: correct kernels vs planted bugs, per dtype.
+
+Draws problems with a seeded generator of its own over the same ranges as `harness.strategies.problems`
+under a profile's limits (lengths: half from the strategy's special lengths, half log-uniform up to the
+profile's longest; batch, dims, state, heads, head dims uniform up to the limits; grouped B/C, the
+selective-scan options, eps and chunk sizes as the strategy draws them; the regimes of each family in
+turn, so each regime gets the same share). Input values are generated from each problem's seed (the
+strategy's explicit, hypothesis-drawn values are not used). Every problem is run on:
+
+- the CORRECT kernels: the in-tree forms and the sequential baselines (``source == "intree"``), and
+- the PLANTED bugs of `tests.planted.bugs`,
+
+each through `harness.runner.run_case` with the default `harness.verdict.Policy`. Per dtype it reports:
+the cases run on correct kernels, their false-alarm rate (judged divergent or kernel_error), the
+largest cond_max and baseline_ratio they reached, the detection rate of the planted bugs on the cases
+that expose them, the smallest cond_max among the detected bug cases, and the margin
+``COND_THRESHOLD / largest correct cond_max``. The table replaces the text between the markers of
+docs/calibration.md.
+
+    python scripts/calibrate.py --cases 24                # problems per (dtype, family); writes the doc
+    python scripts/calibrate.py --cases 4 --print         # a quick look, nothing written
+    python scripts/calibrate.py --cases 200 --profile nightly --records /tmp/calib.jsonl
+
+The float64 oracle and the same-dtype baseline depend only on the problem, so `run_case`'s calls to
+them are memoized for the problem being run (by `cached_oracles`): every kernel of a family then shares
+one oracle run. Nothing else in `run_case` changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BEGIN = "<!-- BEGIN calibration table (scripts/calibrate.py) -->"
+END = "<!-- END calibration table -->"
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+FAILING = ("divergent", "kernel_error")
+
+
+# ------------------------------------------------------------------------------------------ problems
+def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked: bool, profile: str):
+    """One problem of ``family`` in ``regime`` and ``dtype``, over `harness.strategies.problems`' ranges."""
+    from harness.kernels.contract import Family
+    from harness.problems import Problem
+    from harness.settings import limits
+    from harness.strategies import EPS_ZERO_AND_RANGE, SPECIAL_LENGTHS
+
+    lim = limits(profile)
+    top = lim.max_length
+    if rng.random() < 0.5:
+        length = rng.choice([n for n in SPECIAL_LENGTHS if n <= top])
+    else:
+        length = max(1, min(top, int(round(math.exp(rng.uniform(0.0, math.log(top)))))))
+    fields = dict(family=family, length=length, dtype=dtype, regime=regime, batch=rng.randint(1, lim.max_batch),
+                  seed=rng.randrange(2**31))
+    if chunked:
+        fields["chunk_size"] = rng.choice(sorted({1, 2, 3, 4, 5, 7, 8, 16, 64, length, length + 1,
+                                                  max(1, length // 2), rng.randint(1, length + 2)}))
+    if family in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
+        fields["dim"] = rng.randint(1, lim.max_dim)
+    if family is Family.SELECTIVE_SCAN:
+        fields["state"] = rng.randint(1, lim.max_state)
+        if rng.random() < 0.5:
+            fields["groups"] = rng.choice([g for g in range(1, fields["dim"] + 1) if fields["dim"] % g == 0])
+        for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):
+            fields[flag] = rng.random() < 0.5
+        if regime == "unstable":
+            fields["delta_softplus"] = False
+    if family in (Family.RETENTION, Family.RETENTION_NORMED):
+        fields["heads"] = rng.randint(1, lim.max_heads)
+        fields["dk"] = rng.randint(1, lim.max_head_dim)
+        fields["dv"] = rng.randint(1, lim.max_head_dim)
+    if family is Family.RETENTION_NORMED:
+        lo, hi = math.log10(EPS_ZERO_AND_RANGE[1]), math.log10(EPS_ZERO_AND_RANGE[2])
+        fields["eps"] = 0.0 if rng.random() < 0.5 else float(f"{10.0 ** rng.uniform(lo, hi):.3g}")
+    return Problem(**fields)
+
+
+@contextlib.contextmanager
+def cached_oracles() -> Iterator[None]:
+    """Memoize `harness.runner`'s oracle and baseline calls for the latest problems (chunk size aside).
+
+    Both are pure functions of the problem (its inputs are generated from it) and the retention
+    convention; the chunk size changes neither. The originals are restored on exit.
+    """
+    import harness.runner as runner
+
+    originals = {"reference_trace": runner.reference_trace, "baseline_output": runner.baseline_output}
+    memo: dict = {}
+
+    def memoized(name: str):
+        fn = originals[name]
+
+        def wrapper(problem, inputs, convention=runner.RETNET):
+            key = (name, problem.replace(chunk_size=None).key, convention.name)
+            if key not in memo:
+                if len(memo) > 8:
+                    memo.clear()
+                memo[key] = fn(problem, inputs, convention)
+            return memo[key]
+
+        return wrapper
+
+    for name in originals:
+        setattr(runner, name, memoized(name))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(runner, name, fn)
+
+
+# ------------------------------------------------------------------------------------------- running
+def kernels():
+    from harness.kernels import registry
+    from tests.planted.bugs import PLANTED
+
+    correct = [(spec, None) for spec in registry.all_kernels() if spec.source == "intree"
+               and spec.unavailable_reason() is None]
+    planted = [(bug.spec, bug) for bug in PLANTED]
+    return correct, planted
+
+
+def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_path: Path | None,
+        progress: bool) -> list[dict]:
+    from harness.kernels.contract import Family
+    from harness.problems import REGIMES
+    from harness.runner import RunOptions, run_case
+
+    rng = random.Random(seed)
+    correct, planted = kernels()
+    options = RunOptions()
+    out: list[dict] = []
+    fh = open(records_path, "w") if records_path else None
+    start = time.perf_counter()
+    try:
+        with cached_oracles():
+            for dtype in dtypes:
+                for family in Family:
+                    regimes = REGIMES[family]
+                    fam_kernels = [(s, b) for s, b in correct + planted if s.family is family]
+                    for i in range(cases):
+                        regime = regimes[i % len(regimes)]
+                        base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile)
+                        for spec, bug in fam_kernels:
+                            problem = base if spec.capabilities.takes_chunk else base.replace(chunk_size=None)
+                            rec = run_case(spec, problem, options)
+                            row = {
+                                "kind": "planted" if bug else "correct",
+                                "kernel": spec.name, "family": family.value, "dtype": dtype, "regime": regime,
+                                "length": problem.length, "case": problem.key, "verdict": rec["verdict"],
+                                "cause": rec.get("cause"), "cond_max": rec.get("cond_max"),
+                                "baseline_ratio": rec.get("baseline_ratio"),
+                                "baseline_cond_max": rec.get("baseline_cond_max"),
+                                "exposes": bool(bug.exposes(problem)) if bug else None,
+                                "why": rec.get("why"),
+                            }
+                            out.append(row)
+                            if fh:
+                                fh.write(json.dumps(row, default=str) + "\n")
+                    if progress:
+                        print(f"  {dtype:9s} {family.value:17s} {cases} problems, {len(out)} runs, "
+                              f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        if fh:
+            fh.close()
+    return out
+
+
+# ------------------------------------------------------------------------------------------ summary
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def summarize(rows: list[dict], dtypes: tuple[str, ...]) -> tuple[list[dict], list[dict], list[dict]]:
+    from harness.verdict import BASELINE_FACTOR, COND_THRESHOLD
+
+    per_dtype, false_alarms, missed = [], [], []
+    for dtype in dtypes:
+        mine = [r for r in rows if r["dtype"] == dtype]
+        good = [r for r in mine if r["kind"] == "correct"]
+        bad = [r for r in mine if r["kind"] == "planted" and r["exposes"]]
+        alarms = [r for r in good if r["verdict"] in FAILING]
+        false_alarms += alarms
+        detected = [r for r in bad if r["verdict"] in FAILING]
+        missed += [r for r in bad if r["verdict"] not in FAILING]
+        conds = _finite(r["cond_max"] for r in good)
+        ratios = _finite(r["baseline_ratio"] for r in good)
+        over = _finite(r["baseline_ratio"] for r in good if _finite([r["cond_max"]])
+                       and r["cond_max"] > COND_THRESHOLD)
+        bug_conds = _finite(r["cond_max"] for r in detected)
+        largest = max(conds) if conds else math.nan
+        per_dtype.append({
+            "dtype": dtype,
+            "problems": len({r["case"] for r in good}),
+            "correct cases": len(good),
+            "out_of_domain": sum(r["verdict"] == "out_of_domain" for r in good),
+            "false alarms": len(alarms),
+            "false-alarm rate": len(alarms) / len(good) if good else math.nan,
+            "max correct cond_max": largest,
+            "max correct baseline_ratio": max(ratios) if ratios else math.nan,
+            "correct cases over cond thr": len(over),
+            "max ratio where cond > thr": max(over) if over else math.nan,
+            "bug cases exposing": len(bad),
+            "detected": len(detected),
+            "detection rate": len(detected) / len(bad) if bad else math.nan,
+            "min detected bug cond_max": min(bug_conds) if bug_conds else math.nan,
+            "margin (thr / max correct cond)": COND_THRESHOLD / largest if largest and largest > 0 else math.inf,
+            "baseline margin (factor / max ratio where cond > thr)": (BASELINE_FACTOR / max(over)) if over else math.inf,
+        })
+    per_bug = []
+    for name in sorted({r["kernel"] for r in rows if r["kind"] == "planted"}):
+        for dtype in dtypes:
+            sel = [r for r in rows if r["kernel"] == name and r["dtype"] == dtype and r["exposes"]]
+            if not sel:
+                continue
+            det = [r for r in sel if r["verdict"] in FAILING]
+            per_bug.append({"bug": name.removeprefix("planted."), "dtype": dtype, "exposing cases": len(sel),
+                            "detected": len(det), "rate": len(det) / len(sel),
+                            "min cond_max detected": min(_finite(r["cond_max"] for r in det), default=math.nan),
+                            "verdicts of missed": ", ".join(sorted({f"{r['verdict']}" for r in sel
+                                                                    if r["verdict"] not in FAILING})) or "-"})
+    return per_dtype, per_bug, false_alarms + missed
+
+
+def per_regime(rows: list[dict], dtypes: tuple[str, ...]) -> list[dict]:
+    out = []
+    for dtype in dtypes:
+        for regime in sorted({r["regime"] for r in rows}):
+            good = [r for r in rows if r["dtype"] == dtype and r["regime"] == regime and r["kind"] == "correct"]
+            if not good:
+                continue
+            conds = _finite(r["cond_max"] for r in good)
+            out.append({"dtype": dtype, "regime": regime, "correct cases": len(good),
+                        "false alarms": sum(r["verdict"] in FAILING for r in good),
+                        "out_of_domain": sum(r["verdict"] == "out_of_domain" for r in good),
+                        "max cond_max": max(conds) if conds else math.nan,
+                        "max baseline_ratio": max(_finite(r["baseline_ratio"] for r in good), default=math.nan)})
+    return out
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if math.isinf(value):
+            return "inf"
+        if value == 0:
+            return "0"
+        if abs(value) >= 1e4 or abs(value) < 1e-2:
+            return f"{value:.2e}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def _table(rows: list[dict]) -> str:
+    from tabulate import tabulate
+
+    if not rows:
+        return "(none)"
+    headers = list(rows[0])
+    return tabulate([[_fmt(r.get(h)) for h in headers] for r in rows], headers=headers, tablefmt="github",
+                    disable_numparse=True)
+
+
+def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: float) -> str:
+    import torch
+
+    from harness.verdict import BASELINE_FACTOR, COND_THRESHOLD
+
+    per_dtype, per_bug, odd = summarize(rows, dtypes)
+    lines = [
+        BEGIN,
+        "",
+        f"`python scripts/calibrate.py --cases {cases} --seed {seed} --profile {profile}`: {cases} problems per "
+        f"(dtype, family), {len(rows)} kernel runs in {seconds:.0f} s; torch {torch.__version__}, CPU. "
+        f"Policy: cond_threshold = {COND_THRESHOLD:g}, baseline_factor = {BASELINE_FACTOR:g}.",
+        "",
+        "### Per dtype",
+        "",
+        _table(per_dtype),
+        "",
+        "### Correct kernels per dtype and regime",
+        "",
+        _table(per_regime(rows, dtypes)),
+        "",
+        "### Planted bugs per dtype (cases that expose the bug)",
+        "",
+        _table(per_bug),
+        "",
+        "### False alarms and missed bugs",
+        "",
+    ]
+    if odd:
+        lines.append(_table([{"kind": r["kind"], "kernel": r["kernel"], "dtype": r["dtype"], "regime": r["regime"],
+                              "L": r["length"], "verdict": r["verdict"], "cond_max": r["cond_max"],
+                              "baseline_ratio": r["baseline_ratio"], "why": (r["why"] or "")[:160]}
+                             for r in odd[:60]]))
+        if len(odd) > 60:
+            lines.append(f"\n... and {len(odd) - 60} more (see --records).")
+    else:
+        lines.append("None.")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def write_between_markers(path: Path, block: str) -> None:
+    text = path.read_text() if path.is_file() else ""
+    if BEGIN in text and END in text:
+        head, _, rest = text.partition(BEGIN)
+        _, _, tail = rest.partition(END)
+        text = head + block + tail
+    else:
+        text = (text.rstrip() + "\n\n" if text else "# Calibration of the verdict thresholds\n\n") + block + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=24, help="problems per (dtype, family) (default 24)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", default="ci", choices=("dev", "ci", "nightly"),
+                        help="whose limits (longest length, dims) the problems are drawn within")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "calibration.md"))
+    parser.add_argument("--records", default=None, help="also write every run as JSON lines here")
+    parser.add_argument("--print", action="store_true", help="print the tables instead of writing the doc")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    if args.cases < 1:
+        parser.error(f"--cases={args.cases} must be at least 1")
+    dtypes = tuple(args.dtypes.split(","))
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad:
+        parser.error(f"--dtypes={args.dtypes!r} contains {bad}; expected a subset of {','.join(DTYPES)}")
+
+    start = time.perf_counter()
+    rows = run(args.cases, args.seed, args.profile, dtypes, Path(args.records) if args.records else None,
+               progress=not args.quiet)
+    block = markdown(rows, dtypes, cases=args.cases, seed=args.seed, profile=args.profile,
+                     seconds=time.perf_counter() - start)
+    if args.print:
+        print(block)
+    else:
+        write_between_markers(Path(args.out), block)
+        print(f"wrote {args.out}", file=sys.stderr)
+    per_dtype, _, _ = summarize(rows, dtypes)
+    return 0 if all(r["false alarms"] == 0 for r in per_dtype) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""`harness check` on a kernel in a file outside the project: exit 0, 1 and 2.
+
+Each test runs ``python -m harness check`` in a subprocess on a kernel written into ``tmp_path`` (a
+plain torch loop, right or wrong), with few examples and the report and counterexample directories in
+``tmp_path``, so nothing is written inside the repository:
+
+- 0: the correct loop; every case equivalent;
+- 1: the wrong loop; the output names the mismatch and the saved counterexample;
+- 2: usage errors: an unknown family, a target file that does not exist, an attribute that is not
+  there, an attribute that is not callable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KERNELS = textwrap.dedent(
+    '''
+    """Kernels written by a user, outside the harness's tree."""
+    import torch
+
+    NOT_CALLABLE = 42
+
+
+    def loop_scan(a, b):
+        """h_t = a_t h_{t-1} + b_t, a plain loop."""
+        h = torch.zeros_like(b[..., 0])
+        out = []
+        for t in range(a.shape[-1]):
+            h = a[..., t] * h + b[..., t]
+            out.append(h)
+        return torch.stack(out, dim=-1)
+
+
+    def loop_scan_stale_decay(a, b):
+        """Wrong: h_t = a_{t-1} h_{t-1} + b_t (the decay read one step late)."""
+        h = torch.zeros_like(b[..., 0])
+        out = []
+        for t in range(a.shape[-1]):
+            h = a[..., max(t - 1, 0)] * h + b[..., t]
+            out.append(h)
+        return torch.stack(out, dim=-1)
+    '''
+)
+
+
+@pytest.fixture()
+def kernel_file(tmp_path) -> Path:
+    path = tmp_path / "user_kernels" / "my_scans.py"
+    path.parent.mkdir()
+    path.write_text(KERNELS)
+    return path
+
+
+def harness_check(tmp_path: Path, *args: str, max_examples: int = 6) -> subprocess.CompletedProcess:
+    """``python -m harness check ARGS`` run from ``tmp_path``, reports and cases kept in ``tmp_path``."""
+    cmd = [sys.executable, "-m", "harness", "check", *args, "--profile", "ci", "--dtypes", "float64,float32",
+           "--max-length", "64", "--max-examples", str(max_examples),
+           "--report-dir", str(tmp_path / "report"), "--cases-dir", str(tmp_path / "cases")]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _out(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+
+
+def test_exit_0_for_a_correct_kernel(tmp_path, kernel_file):
+    proc = harness_check(tmp_path, "--family", "linear_scan", "--kernel", f"{kernel_file}:loop_scan")
+    assert proc.returncode == 0, _out(proc)
+    records = (tmp_path / "report" / "records.jsonl").read_text().splitlines()
+    assert len(records) == 6
+    assert {json.loads(line)["verdict"] for line in records} <= {"equivalent", "out_of_domain"}
+    assert not (tmp_path / "cases").exists() or not list((tmp_path / "cases").iterdir())
+
+
+def test_exit_1_for_a_wrong_kernel(tmp_path, kernel_file):
+    proc = harness_check(tmp_path, "--family", "linear_scan", "--kernel", f"{kernel_file}:loop_scan_stale_decay")
+    assert proc.returncode == 1, _out(proc)
+    out = proc.stdout
+    assert "divergent" in out, _out(proc)
+    assert "Mismatched elements" in out and "ACTUAL" in out and "DESIRED" in out, _out(proc)
+    saved = list((tmp_path / "cases").glob("*.json"))
+    assert len(saved) == 1, _out(proc)
+    assert f"counterexample saved: {saved[0]}" in out, _out(proc)
+    case = json.loads(saved[0].read_text())
+    assert case["kernel_target"] == f"{kernel_file}:loop_scan_stale_decay"
+    assert case["found"]["verdict"] == "divergent"
+    assert case["problem"]["length"] >= 2  # the bug needs a second step
+
+
+@pytest.mark.parametrize(
+    "family, target, says",
+    [
+        ("linear_scann", "{file}:loop_scan", "linear_scann"),
+        ("linear_scan", "{dir}/no_such_file.py:loop_scan", "does not exist"),
+        ("linear_scan", "{file}:no_such_kernel", "no_such_kernel"),
+        ("linear_scan", "{file}:NOT_CALLABLE", "not callable"),
+    ],
+    ids=["unknown-family", "missing-file", "missing-attribute", "not-callable"],
+)
+def test_exit_2_for_a_usage_error(tmp_path, kernel_file, family, target, says):
+    target = target.format(file=kernel_file, dir=kernel_file.parent)
+    proc = harness_check(tmp_path, "--family", family, "--kernel", target, max_examples=1)
+    assert proc.returncode == 2, _out(proc)
+    assert "harness: error:" in proc.stderr and says in proc.stderr, _out(proc)
+    assert "Traceback" not in proc.stderr, _out(proc)
