@@ -97,7 +97,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             if save_counterexample:
                 result.counterexample = _save(record, problem, directory=counterexample_dir,
                                               kernel_target=fn if isinstance(fn, str) else None)
-            raise DivergenceError(format_failure(record, judge(record, options.policy), replay=record["replay"]))
+            replay = f"harness replay {result.counterexample}" if result.counterexample else record["replay"]
+            raise DivergenceError(format_failure(record, judge(record, options.policy), replay=replay))
 
     try:
         search()
