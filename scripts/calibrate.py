@@ -160,16 +160,16 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                                 "kind": "planted" if bug else "correct",
                                 "kernel": spec.name, "family": family.value, "dtype": dtype, "regime": regime,
                                 "length": problem.length, "case": problem.key, "problem": base.key,
-                            "verdict": rec["verdict"],
-                                "cause": rec.get("cause"), "cond_max": rec.get("cond_max"),
-                                "baseline_ratio": rec.get("baseline_ratio"),
+                                "verdict": rec["verdict"], "cause": rec.get("cause"),
+                                "cond_max": rec.get("cond_max"), "baseline_ratio": rec.get("baseline_ratio"),
                                 "baseline_cond_max": rec.get("baseline_cond_max"),
                                 "exposes": bool(bug.exposes(problem)) if bug else None,
                                 "why": rec.get("why"),
                             }
-                            out.append(row)
                             if fh:
-                                fh.write(json.dumps(row, default=str) + "\n")
+                                fh.write(json.dumps(dict(row, problem_fields=problem.to_dict()), default=str) + "\n")
+                            row["record"] = rec  # the full record, to re-judge under other policies
+                            out.append(row)
                     if progress:
                         print(f"  {dtype:9s} {family.value:17s} {cases} problems, {len(out)} runs, "
                               f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
@@ -236,6 +236,37 @@ def _pct(k: int, n: int) -> str:
     return f"{100.0 * k / n:.1f}%" if n else "-"
 
 
+#: Policies the stored records are re-judged under (`harness.verdict.judge`, no kernel is rerun).
+WHAT_IF = ("default", "cond=0.5", "cond=2", "cond=4", "baseline=1.5", "baseline=4")
+
+
+def what_if(rows: list[dict], dtypes: tuple[str, ...]) -> tuple[list[dict], int]:
+    """False alarms and detections per dtype under other policies, and how many default re-judgements
+    differ from the verdicts `run_case` gave (0: judging from records reproduces the run)."""
+    from harness.verdict import Policy, judge
+
+    def verdict(row: dict, policy) -> str:
+        rec = row["record"]
+        if rec.get("outcome") not in (None, "ok"):
+            return "kernel_error"
+        return judge(rec, policy).verdict.value
+
+    mismatches = sum(verdict(r, Policy()) != r["verdict"] for r in rows)
+    out = []
+    for spec in WHAT_IF:
+        policy = Policy.parse(spec)
+        row = {"policy": policy.spec().rsplit(",min_compared", 1)[0]}
+        for dtype in dtypes:
+            good = [r for r in rows if r["dtype"] == dtype and r["kind"] == "correct"]
+            bad = [r for r in rows if r["dtype"] == dtype and r["kind"] == "planted" and r["exposes"]]
+            alarms = sum(verdict(r, policy) in FAILING for r in good)
+            found = sum(verdict(r, policy) in FAILING for r in bad)
+            row[f"{dtype}: false alarms"] = alarms
+            row[f"{dtype}: detected"] = f"{found}/{len(bad)}"
+        out.append(row)
+    return out, mismatches
+
+
 def per_regime(rows: list[dict], dtypes: tuple[str, ...]) -> list[dict]:
     out = []
     for dtype in dtypes:
@@ -284,6 +315,7 @@ def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: floa
     from harness.verdict import BASELINE_FACTOR, COND_THRESHOLD
 
     per_dtype, per_bug, odd = summarize(rows, dtypes)
+    alternatives, mismatches = what_if(rows, dtypes)
     lines = [
         BEGIN,
         "",
@@ -294,6 +326,13 @@ def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: floa
         "### Per dtype",
         "",
         _table(per_dtype),
+        "",
+        "### The same records judged under other policies",
+        "",
+        f"Re-judged with `harness.verdict.judge` from the stored records (no kernel rerun); under the default "
+        f"policy {mismatches} of {len(rows)} re-judgements differ from the run's verdicts.",
+        "",
+        _table(alternatives),
         "",
         "### Correct kernels per dtype and regime",
         "",
