@@ -12,6 +12,11 @@ is exactly the plain Python loop ``x = decay[t] * x + inp[t]``; no fused multipl
 `seq_sum` adds the terms of a reduction one at a time from index 0 up, each addition rounded in the
 dtype (``torch.sum`` would accumulate float16 in float32 and pick its own order).
 
+Elementwise functions (exp, log1p, silu, sqrt) are torch's. On CPU, torch evaluates the bulk of a
+tensor with vectorized code and a remainder with scalar code, which can differ by an ulp, so such a
+value may depend on the shape of the tensor it was computed in (a block vs one step). That is the only
+way the blocked loop and a per-step loop can differ: the operations and their order are the same.
+
 Bounded memory. The oracles walk the sequence in blocks of `block_length` steps. Per block they build
 the per-step inputs (e.g. ``exp(delta * A)`` for those steps only), run `recur` over the block into a
 block-sized buffer, and map the block's states to outputs. Nothing whose size is (state size) x L is

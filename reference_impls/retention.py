@@ -43,8 +43,8 @@ nonnegative bound x on |e|. Then:
   sqrt and of ``o / r``. For ``layer`` add ``dv mean(|o|) / s``: the rounding of the mean, which shifts
   every centred value at once.
 
-The brief's simpler ``m / r + |y|`` drops the projection term ``|y| mean(|y| m) / r``, which is of the
-same size when cancellation in o is uneven across dv; it is kept here. With eps = 0 and o = 0 the
+The simpler ``m / r + |y|`` would drop the projection term ``|y| mean(|y| m) / r``, which is as large
+as ``m / r`` when cancellation in o is uneven across dv; it is kept here. With eps = 0 and o = 0 the
 normed output and its trace are NaN (0 / 0), as in the plain loop.
 
 Memory: per block of steps the states are (steps, batch, heads, dk, dv); no (L, dk, dv) tensor is formed.

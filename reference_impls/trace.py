@@ -16,7 +16,9 @@ The harness's metrics need more than the output to judge a kernel fairly:
 - ``decay_peak``: the running maximum over t' <= t of the largest product of |decay| over any window
   ending at t' (``P_t = |a_t| * max(P_{t-1}, 1)``): the partial products a parallel scan forms.
 
-All fields are float64 CPU tensors with the shape of ``out``.
+All fields are float64 CPU tensors with the shape of ``out``. Each oracle's module docstring gives its
+exact recurrences and output maps (including the reduction terms in growth and, for the normed
+retention, the group norm's first-order sensitivity).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 - Each oracle is, bit for bit, the plain per-step loop written out independently below (in float64,
   float32, float16 and bfloat16, and across block boundaries): blocking and vectorizing changed nothing.
+  For the selective scan that holds with A = 0; otherwise up to an ulp of each ``exp``, whose torch CPU
+  result can depend on the tensor's shape (vectorized body vs scalar tail), not on the order of work.
 - Retention equals its parallel masked-matrix form; the selective scan with A = 0 is a cumulative sum;
   with delta = 0 its state stays zero; grouped B/C select the right channels; the last state is the
   state behind y[..., L-1]; h0 is a leading step of the linear recurrence.
@@ -9,6 +11,7 @@
 - The trace's fields have out's shape, are nonnegative, non-decreasing where they are running maxima,
   and bound |out|.
 - Memory does not grow with L beyond the inputs and outputs (measured in a subprocess).
+- A CUDA run of the same code (skipped without a CUDA device).
 """
 
 from __future__ import annotations
@@ -460,6 +463,25 @@ def test_retention_normed_in_lower_precision(problem, dtype, kind):
     eps = 1e-2  # representable well enough in every dtype; keeps r away from 0
     low = retention_normed(**problem, eps=eps, kind=kind, compute_dtype=dtype)
     _within_growth(low, retention_normed_trace(**problem, eps=eps, kind=kind), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none is present on this machine")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_the_same_loop_runs_on_cuda(dtype):
+    """The same-dtype baseline on the GPU: same code, output on the device, within u * (growth + magnitude)."""
+    g = torch.Generator().manual_seed(0)
+    lin = _representable({"a": _uniform(g, -1, 1, 2, 3, 200), "b": _rand(g, 2, 3, 200)}, dtype)
+    ret = _representable({"q": _rand(g, 2, 50, 2, 4), "k": _rand(g, 2, 50, 2, 4), "v": _rand(g, 2, 50, 2, 3),
+                          "gamma": [0.5, 0.75], "scale": 0.5}, dtype)
+    sel = _representable({"u": _rand(g, 2, 4, 100), "delta": _uniform(g, 0, 1, 2, 4, 100), "A": -_uniform(g, 0.1, 1, 4, 3),
+                          "B": _rand(g, 2, 2, 3, 100), "C": _rand(g, 2, 3, 100), "D": _rand(g, 4), "z": _rand(g, 2, 4, 100),
+                          "delta_bias": _uniform(g, -0.5, 0.5, 4), "delta_softplus": True}, dtype)
+    for fn, trace_fn, problem in ((linear_recurrence, linear_recurrence_trace, lin), (retention, retention_trace, ret),
+                                  (selective_scan, selective_scan_trace, sel)):
+        out = fn(**problem, compute_dtype=dtype, device="cuda")
+        assert out.device.type == "cuda" and out.dtype == dtype
+        _within_growth(out.cpu(), trace_fn(**problem), dtype, factor=4.0)
 
 
 # ----------------------------------------------------------------------------------------------------
