@@ -88,14 +88,14 @@ def saved_cases(directory: Path | None = None) -> list[Path]:
     return sorted(Path(directory or COUNTEREXAMPLES_DIR).glob("*.json"))
 
 
-def resolve_kernel(name: str, target: str | None = None) -> KernelSpec:
+def resolve_kernel(name: str, target: str | None = None, family: str | None = None) -> KernelSpec:
     """A registered kernel by name, or a user kernel from ``target`` (``module:attr`` / ``file.py:attr``)."""
     from harness.kernels import registry
 
     if target:
         from harness.api import user_kernel_spec
 
-        return user_kernel_spec(target, family=None, name=name)
+        return user_kernel_spec(target, family=family, name=name)
     return registry.get(name)
 
 

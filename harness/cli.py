@@ -113,7 +113,8 @@ def cmd_replay(args) -> int:
 
     if args.file:
         case = load_case(args.file)
-        spec, problem, expect = resolve_kernel(case.kernel, case.kernel_target), case.problem, case.expect
+        spec = resolve_kernel(case.kernel, case.kernel_target, case.problem.family.value)
+        problem, expect = case.problem, case.expect
     else:
         if not (args.kernel and args.problem):
             raise InvalidArgument("replay needs FILE, or --kernel NAME with --problem JSON")

@@ -77,8 +77,7 @@ def explicit_values(draw, problem: Problem) -> dict[str, list[float]]:
     out = {}
     for name, shape in problem.shapes().items():
         lo, hi = _element_bounds(problem.family, problem.regime, problem.dtype, name, problem.delta_softplus)
-        width = 32 if max(abs(lo), abs(hi)) < 3e38 else 64
-        elem = st.floats(lo, hi, allow_nan=False, allow_infinity=False, allow_subnormal=False, width=width)
+        elem = st.floats(lo, hi, allow_nan=False, allow_infinity=False, allow_subnormal=False)
         out[name] = draw(st.lists(elem, min_size=math.prod(shape), max_size=math.prod(shape)))
     return out
 

@@ -32,8 +32,9 @@ Trace (float64, per channel and state entry n, then mapped through the output ma
   products C h and of the sequential sum over n (at most N roundings of terms bounded by |C_n| H_n), the
   same term as the ``dk * scale * |q| H_S`` of retention's dot product;
 - with z, both become ``(...) * |silu(z)| + |y|`` (the gate's own rounding is a few ulps of |y|);
-- state_peak: running max over t' <= t and n of ``|h[b,d,n,t']|``; decay_peak: running max over
-  t' <= t and n of P.
+- state_peak: running max over t' <= t of ``|h[b,d,n,t']|`` (every n) and of the ungated magnitude
+  ``sum_n |C_n| H_n + |D u|`` (the terms of the sum must be representable too); decay_peak: running max
+  over t' <= t and n of P.
 
 Caveat on growth: it assumes ``exp(d' A)`` is rounded with relative error about u. The rounding of its
 argument ``d' * A`` adds a relative error ``|d' A| u``; the error that causes in h is at most
@@ -158,6 +159,9 @@ def _run(u, delta, A, B, C, D, z, delta_bias, delta_softplus, *, dtype, device, 
     if D is not None:
         mag.add_(du_skip.abs())
         growth.add_(du_skip.abs())
+    # The terms of C.h + D u are intermediates too: when their sum of magnitudes passes a dtype's range a
+    # correct kernel can overflow before the gate scales y back into range, so it joins the state peak.
+    state_peak = torch.maximum(state_peak, torch.cummax(mag, dim=-1).values)
     if z is not None:
         gate_abs, y_abs = gate.abs(), y.abs()
         mag.mul_(gate_abs).add_(y_abs)

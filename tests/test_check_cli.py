@@ -10,7 +10,7 @@ plain torch loop, right or wrong), with few examples and the report and countere
   there, an attribute that is not callable.
 
 The saved counterexample and the printed replay command of a user kernel should replay with
-`harness replay`; both are expected failures today (see their xfail reasons).
+`harness replay`.
 """
 
 from __future__ import annotations
@@ -94,8 +94,6 @@ def _out(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
 
 
-@pytest.mark.xfail(strict=False, reason="same open false alarm near the float32 overflow boundary as "
-                   "test_planted_bugs.test_no_false_alarm_on_a_correct_kernel")
 def test_exit_0_for_a_correct_kernel(tmp_path, kernel_file):
     proc = harness_check(tmp_path, "--family", "linear_scan", "--kernel", f"{kernel_file}:loop_scan")
     assert proc.returncode == 0, _out(proc)
@@ -120,10 +118,6 @@ def test_exit_1_for_a_wrong_kernel(wrong_run):
     assert case["problem"]["length"] >= 2  # the bug needs a second step
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "harness.cases.resolve_kernel builds the spec of a saved user kernel with family=None "
-    "(user_kernel_spec(target, family=None)), so `harness replay FILE` exits 2 with 'a plain callable "
-    "needs --family' although the file records the family"))
 def test_the_saved_counterexample_replays(wrong_run):
     tmp_path, _, proc = wrong_run
     saved = next((tmp_path / "cases").glob("*.json"))
@@ -133,9 +127,6 @@ def test_the_saved_counterexample_replays(wrong_run):
     assert "divergent" in replay.stdout, _out(replay)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "harness.runner.replay_command writes `--kernel <spec.name>`, and a user kernel's spec name "
-    "('user.<path>:<attr>') is not a registered kernel, so the printed Replay command exits 2"))
 def test_the_printed_replay_command_runs(wrong_run):
     import shlex
 

@@ -17,7 +17,7 @@ CASES = saved_cases()
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_saved_case_replays(path, harness_recorder):
     case = load_case(path)
-    spec = resolve_kernel(case.kernel, case.kernel_target)
+    spec = resolve_kernel(case.kernel, case.kernel_target, case.problem.family.value)
     reason = spec.unavailable_reason()
     if reason:
         pytest.skip(f"{case.kernel} unavailable here: {reason}")
