@@ -136,7 +136,8 @@ class Sweep:
                 if spec.unavailable_reason() is not None:
                     continue
                 for problem in group.problems(spec.family):
-                    if runnable(spec, problem) and (spec.capabilities.takes_chunk or problem.chunk_size is None):
+                    if (runnable(spec, problem) and device_present(problem.device)
+                            and (spec.capabilities.takes_chunk or problem.chunk_size is None)):
                         yield spec, problem
 
     def pair_cases(self) -> Iterator[tuple[KernelSpec, KernelSpec, Problem]]:
@@ -152,9 +153,19 @@ class Sweep:
                 if name_a not in group.kernels and name_b not in group.kernels:
                     continue
                 for problem in group.problems(a.family):
-                    if problem.key not in seen and runnable(a, problem) and runnable(b, problem):
+                    if (problem.key not in seen and device_present(problem.device)
+                            and runnable(a, problem) and runnable(b, problem)):
                         seen.add(problem.key)
                         yield a, b, problem
+
+
+def device_present(device: str) -> bool:
+    """Whether ``device`` exists on this machine (a sweep leaves out CUDA cases on a CPU-only one)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.is_available()
+    return True
 
 
 def runnable(spec: KernelSpec, problem: Problem) -> bool:
@@ -162,11 +173,6 @@ def runnable(spec: KernelSpec, problem: Problem) -> bool:
     caps = spec.capabilities
     if caps.runs(problem.dtype, problem.device) is not None:
         return False
-    if problem.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            return False
     if not caps.accepts_length(problem.length, problem.chunk_size):
         return False
     if caps.takes_chunk and problem.chunk_size is None:
