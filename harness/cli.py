@@ -33,11 +33,13 @@ def _policy(args):
 
 
 def _finish_run(run_dir: Path, records: list[dict], *, quiet: bool = False) -> int:
-    from harness.report import build_report, summary_markdown
+    from harness.report import append_step_summary, build_report, summary_markdown
 
     build_report(run_dir)
+    summary = summary_markdown(records)
+    append_step_summary(summary)  # no-op unless $GITHUB_STEP_SUMMARY is set
     if not quiet:
-        print(summary_markdown(records))
+        print(summary)
         print(f"\nreport: {run_dir / 'index.md'}")
     failing = [r for r in records if r.get("verdict") in ("divergent", "kernel_error")]
     return EXIT_FAIL if failing else EXIT_OK
@@ -158,10 +160,12 @@ def cmd_diff(args) -> int:
 def cmd_gate(args) -> int:
     from harness.gate import gate
 
+    from harness.report import append_step_summary
+
     result = gate(args.baseline, args.run_dir, fail_on=args.fail_on, fail_on_missing=args.fail_on_missing)
-    for line in result.failures:
-        print(f"GATE FAIL: {line}")
-    print("gate: passed" if result.passed else f"gate: FAILED ({len(result.failures)} problems)")
+    summary = result.summary_markdown()
+    append_step_summary(summary)
+    print(summary)
     return EXIT_OK if result.passed else EXIT_FAIL
 
 

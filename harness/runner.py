@@ -135,8 +135,12 @@ def replay_command(kernel: str, problem: Problem) -> str:
 
 
 def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
-             kernel_fn: Callable | None = None, store=None) -> dict[str, Any]:
-    """Run ``spec`` (or ``kernel_fn`` in its place) on ``problem``; return the flat record."""
+             kernel_fn: Callable | None = None, store=None,
+             keep_output: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """Run ``spec`` (or ``kernel_fn`` in its place) on ``problem``; return the flat record.
+
+    ``keep_output``: a dict that receives the kernel's output under ``"output"`` (differential mode).
+    """
     from harness.metrics import measure
 
     options = options or RunOptions()
@@ -162,6 +166,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
                               expected_dtype=problem.torch_dtype, expected_device=inputs[next(iter(inputs))].device,
                               timeout_s=options.timeout_s, check_determinism=options.check_determinism)
     timings["t_kernel"] = result.seconds
+    if keep_output is not None and result.output is not None:
+        keep_output["output"] = result.output.detach().to("cpu", torch.float64)
     record["outcome"] = result.outcome.value
     record["error"] = result.message or None
 
@@ -234,17 +240,12 @@ def run_pair(spec_a: KernelSpec, spec_b: KernelSpec, problem: Problem, options: 
     two forms asks ("parallel and chunkwise disagree: which one is wrong, or is it the eps?").
     """
     options = options or RunOptions()
-    rec_a = run_case(spec_a, problem, options)
-    rec_b = run_case(spec_b, problem, options)
-    inputs = problem.make_inputs()
-    outs = []
-    for spec in (spec_a, spec_b):
-        args, kwargs = call_args(problem, inputs, spec)
-        with tf32_mode(problem.tf32), torch.no_grad():
-            res = call_guarded(spec.callable(), args, kwargs, expected_shape=output_shape(problem),
-                               expected_dtype=problem.torch_dtype, expected_device=inputs[next(iter(inputs))].device,
-                               timeout_s=options.timeout_s)
-        outs.append(res.output.detach().to("cpu", torch.float64) if res.ok else None)
+    kept_a: dict[str, torch.Tensor] = {}
+    kept_b: dict[str, torch.Tensor] = {}
+    rec_a = run_case(spec_a, problem, options, keep_output=kept_a)
+    rec_b = run_case(spec_b, problem, options, keep_output=kept_b)
+    outs = [kept_a.get("output") if rec_a["outcome"] == "ok" else None,
+            kept_b.get("output") if rec_b["outcome"] == "ok" else None]
     record: dict[str, Any] = {"kernel": f"{spec_a.name} vs {spec_b.name}", "pair": [spec_a.name, spec_b.name],
                               "family": problem.family.value, "case": problem.key}
     record.update(problem.to_dict())
@@ -257,8 +258,8 @@ def run_pair(spec_a: KernelSpec, spec_b: KernelSpec, problem: Problem, options: 
         record["ab_max_abs"] = float(diff.nan_to_num(nan=float("inf")).max()) if diff.numel() else 0.0
         scale = outs[1].abs().nan_to_num(nan=0.0).max().item() if diff.numel() else 0.0
         record["ab_max_rel"] = record["ab_max_abs"] / scale if scale > 0 else None
-    verdicts = {rec_a["verdict"], rec_b["verdict"]}
-    record["verdict"] = "equivalent" if verdicts == {"equivalent"} else sorted(verdicts - {"equivalent"})[0]
+    severity = ("kernel_error", "divergent", "out_of_domain", "equivalent")
+    record["verdict"] = min((rec_a["verdict"], rec_b["verdict"]), key=severity.index)
     record["why"] = f"A: {rec_a['why']} | B: {rec_b['why']}"
     record["cause"] = rec_a["cause"] if rec_a["verdict"] != "equivalent" else rec_b["cause"]
     record["replay"] = rec_a["replay"]

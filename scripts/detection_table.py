@@ -144,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from harness.settings import register_profiles
-    from tests.planted import representable_element_bounds
     from tests.planted.bugs import PLANTED
 
     register_profiles()
@@ -152,16 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     bugs = [b for b in PLANTED if wanted is None or b.name in wanted]
     rows = []
     start = time.perf_counter()
-    with representable_element_bounds() as patched:
-        if patched:
-            print("note: harness.strategies element bounds are not float32-representable; narrowed for this run",
-                  file=sys.stderr)
-        for bug in bugs:
-            row = run_bug(bug, args.profile, args.max_length)
-            rows.append(row)
-            print(f"{bug.name:45s} found={row['found']:6s} t={row['time to find (s)']} total={row['total (s)']} "
-                  f"shrunk L={row.get('shrunk L')} n={row.get('shrunk n_inputs')} {row.get('verdict')} "
-                  f"{row.get('cause')}", file=sys.stderr, flush=True)
+    for bug in bugs:
+        row = run_bug(bug, args.profile, args.max_length)
+        rows.append(row)
+        print(f"{bug.name:45s} found={row['found']:6s} t={row['time to find (s)']} total={row['total (s)']} "
+              f"shrunk L={row.get('shrunk L')} n={row.get('shrunk n_inputs')} {row.get('verdict')} "
+              f"{row.get('cause')}", file=sys.stderr, flush=True)
     block = markdown(rows, args.profile, args.max_length, time.perf_counter() - start)
     if args.print:
         print(block)

@@ -17,21 +17,13 @@ from harness.kernels.guard import Outcome
 from harness.problems import Problem
 from harness.runner import RunOptions, run_case, run_cases
 from harness.store import RunStore, load_records
-from tests.planted import broken, representable_element_bounds
+from tests.planted import broken
 from tests.planted.broken import BROKEN
 
 #: Per-call timeout for these tests: long enough for a length-33 scan, short for the hanging kernel.
 TIMEOUT_S = 1.0
 
 OPTIONS = RunOptions(timeout_s=TIMEOUT_S, check_determinism=True)
-
-
-@pytest.fixture(autouse=True)
-def _element_bounds_workaround():
-    """harness.strategies asks for float32-width floats between bounds float32 cannot represent
-    (``large``/``tiny`` regimes); until that is fixed the bounds are narrowed for these tests."""
-    with representable_element_bounds():
-        yield
 
 
 @pytest.fixture(autouse=True)

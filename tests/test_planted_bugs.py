@@ -34,21 +34,12 @@ from harness.cases import load_case
 from harness.kernels import registry
 from harness.problems import Problem
 from harness.runner import RunOptions, run_case
-from tests.planted import representable_element_bounds
 from tests.planted.bugs import PLANTED, PlantedBug
 
 PROFILE = "ci"
 #: Longest length drawn, unless a planted bug declares the length that exposes it.
 MAX_LENGTH = 256
 FAILING = ("divergent", "kernel_error")
-
-
-@pytest.fixture(autouse=True)
-def _element_bounds_workaround():
-    """harness.strategies asks for float32-width floats between bounds float32 cannot represent
-    (``large``/``tiny`` regimes); until that is fixed the bounds are narrowed for these tests."""
-    with representable_element_bounds():
-        yield
 
 
 class Timeline:
