@@ -59,7 +59,7 @@ baseline:
 	$(PYTHON) -m harness update-baseline reports/baseline-run --baseline reports/baseline
 
 calibrate:
-	$(PYTHON) -m harness.calibrate --out docs/calibration.md
+	$(PYTHON) scripts/calibrate.py --cases 100
 
 clean:
 	rm -rf reports/latest reports/test-run reports/sweep-* reports/*-seed reports/check-* .pytest_cache .hypothesis

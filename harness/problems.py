@@ -14,8 +14,9 @@ Input regimes (named, per family; `REGIMES` lists which apply):
   Retention: q, k, v standard normal.
 - ``long_memory``: decay factors within 1e-4..1e-2 of 1, so the state sums thousands of terms.
 - ``fast_decay``: decay factors well below 1 (a in (0, 0.5); delta*A in [-10, -1]).
-- ``large`` / ``tiny``: ``trained`` with the data (b, u, B, C, q, k, v) scaled so that products of three
-  factors sit near the dtype's largest / smallest normal value (max**(1/4), tiny**(1/4) each).
+- ``large`` / ``tiny``: ``trained`` with the data (b, u, B, C, q, k, v; D by the square) scaled so that
+  products of three factors sit near the dtype's largest / smallest normal value (max**(1/4),
+  tiny**(1/4) each; max**(1/6) for retention_normed, whose norm squares its input).
 - ``unstable``: decay factors above 1. Selective scan: delta and A standard normal with no softplus
   (the Mamba seed's inputs); linear scan: a standard normal.
 - ``ramp``: retention only: q = k = v = arange scaled to (0, 1] (the RetNet seed's input, without the
@@ -208,13 +209,19 @@ def _uniform(shape, gen, lo: float, hi: float) -> torch.Tensor:
     return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=torch.float64)
 
 
-def data_scale(regime: str, dtype: str) -> float:
-    """Scale of the data tensors: 1, or near the dtype's limits for ``large`` / ``tiny``."""
+def data_scale(regime: str, dtype: str, family: Family | str | None = None) -> float:
+    """Scale of the data tensors: 1, or near the dtype's limits for ``large`` / ``tiny``.
+
+    Outputs are products of three data factors, so each factor is scaled to max**(1/4) (tiny**(1/4)).
+    The normed family squares its output in the norm, so there the factors are scaled to max**(1/6)
+    with room for the sums over time and dv: a larger scale only makes every case out of domain.
+    """
     info = torch.finfo(DTYPE_NAMES[dtype])
+    normed = family is not None and Family.parse(family) is Family.RETENTION_NORMED
     if regime == "large":
-        return float(info.max) ** 0.25 / 4.0
+        return float(info.max) ** (1 / 6) / 16.0 if normed else float(info.max) ** 0.25 / 4.0
     if regime == "tiny":
-        return float(info.tiny) ** 0.25 * 4.0
+        return float(info.tiny) ** (1 / 6) * 4.0 if normed else float(info.tiny) ** 0.25 * 4.0
     return 1.0
 
 
@@ -229,13 +236,13 @@ def _linear_scan_inputs(p: Problem, shapes, gen) -> dict[str, torch.Tensor]:
         a = z
     else:
         a = torch.exp(-torch.nn.functional.softplus(z - 2.0))
-    b = _randn(shape, gen) * data_scale(p.regime, p.dtype)
+    b = _randn(shape, gen) * data_scale(p.regime, p.dtype, p.family)
     return {"a": a, "b": b}
 
 
 def _selective_scan_inputs(p: Problem, shapes, gen) -> dict[str, torch.Tensor]:
     b, d, n, L = p.batch, p.dim, p.state, p.length
-    s = data_scale(p.regime, p.dtype)
+    s = data_scale(p.regime, p.dtype, p.family)
     if p.regime == "unstable":
         delta = _randn((b, d, L), gen)
         A = _randn((d, n), gen)
@@ -256,8 +263,8 @@ def _selective_scan_inputs(p: Problem, shapes, gen) -> dict[str, torch.Tensor]:
             delta = dt * torch.exp(0.5 * _randn((b, d, L), gen))
     out = {"u": _randn((b, d, L), gen) * s, "delta": delta, "A": A,
            "B": _randn(shapes["B"], gen) * s, "C": _randn(shapes["C"], gen) * s}
-    if p.has_D:
-        out["D"] = _randn((d,), gen)
+    if p.has_D:  # D u is an output term like C h (~ s**3): D ~ s**2 keeps both paths visible
+        out["D"] = _randn((d,), gen) * s * s
     if p.has_z:
         out["z"] = _randn((b, d, L), gen)
     if p.has_delta_bias:
@@ -272,7 +279,7 @@ def _retention_inputs(p: Problem, shapes, gen) -> dict[str, torch.Tensor]:
             x = torch.arange(1, math.prod(shape) + 1, dtype=torch.float64)
             out[name] = (x / float(x.max())).reshape(shape)
         return out
-    s = data_scale(p.regime, p.dtype)
+    s = data_scale(p.regime, p.dtype, p.family)
     return {name: _randn(shape, gen) * s for name, shape in shapes.items()}
 
 

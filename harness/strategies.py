@@ -58,7 +58,7 @@ def chunk_sizes(length: int, allowed: tuple[int, ...]) -> st.SearchStrategy[int]
 
 
 def _element_bounds(family: Family, regime: str, dtype: str, name: str, softplus: bool) -> tuple[float, float]:
-    s = data_scale(regime, dtype)
+    s = data_scale(regime, dtype, family)
     if family is Family.LINEAR_SCAN and name == "a":
         return (-2.0, 2.0) if regime == "unstable" else (0.0, 1.0)
     if family is Family.SELECTIVE_SCAN:
@@ -66,7 +66,9 @@ def _element_bounds(family: Family, regime: str, dtype: str, name: str, softplus
             return (-2.0, 2.0) if regime == "unstable" or softplus else (0.0, 1.0)
         if name == "A":
             return (-2.0, 2.0) if regime == "unstable" else (-4.0, 0.0)
-        if name in ("D", "z", "delta_bias"):
+        if name == "D":
+            return (-2.0 * s * s, 2.0 * s * s)
+        if name in ("z", "delta_bias"):
             return (-2.0, 2.0)
     return (-2.0 * s, 2.0 * s)
 
@@ -119,14 +121,17 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
             chunk = draw(chunk_sizes(length, caps.chunk_sizes))
     fields: dict = dict(family=fam, length=length, dtype=dtype, device=device, regime=regime, chunk_size=chunk,
                         batch=draw(st.integers(1, lim.max_batch)), seed=draw(st.integers(0, 2**31 - 1)))
-    if fam in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
+    grouped = fam is Family.SELECTIVE_SCAN and caps.grouped_bc and draw(st.booleans())
+    if grouped:
+        # dim = G * (channels per group): every G with 2 or more channels per group tells the right
+        # channel-to-group map (d // (dim/G)) from a wrong one (d % G); both factors shrink to 1
+        fields["groups"] = draw(st.integers(1, max(1, lim.max_dim // 2)))
+        fields["dim"] = fields["groups"] * draw(st.integers(1, max(1, lim.max_dim // fields["groups"])))
+    elif fam in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
         fields["dim"] = draw(st.integers(1, lim.max_dim))
     if fam is Family.SELECTIVE_SCAN:
         max_n = min(lim.max_state, caps.max_state or lim.max_state)
         fields["state"] = draw(st.integers(1, max_n))
-        if caps.grouped_bc and draw(st.booleans()):
-            divisors = [g for g in range(1, fields["dim"] + 1) if fields["dim"] % g == 0]
-            fields["groups"] = draw(st.sampled_from(divisors))
         if caps.selective_options:
             for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):
                 fields[flag] = draw(st.booleans())

@@ -2,8 +2,8 @@
 
 For each kernel of `tests.planted.bugs.PLANTED`, `harness.api.check` searches for a counterexample
 (dtypes and longest length as the entry declares, else the profile's) and the table records: found or
-not, the time to the first failing case and the total time with shrinking, the cases run, the first
-failing case's size and the shrunk case's size (length and input elements), the verdict, the cause and
+not, the time to the first failing case and the total time with shrinking, the cases run and how many
+of them expose the bug (`PlantedBug.exposes`), the first failing case's size and the shrunk case's size (length and input elements), the verdict, the cause and
 the cond error. The table replaces whatever lies between the markers in docs/detection.md; the rest of
 the file is hand-written and kept.
 
@@ -60,7 +60,8 @@ def run_bug(bug, profile: str, max_length: int | None) -> dict:
     total = time.perf_counter() - timeline.start
     row = {"bug": bug.name, "family": bug.family.value, "exposed by": bug.exposed_by,
            "found": "yes" if not result.passed else "**NO**", "cases": len(result.records),
-           "time to find (s)": math.nan, "total (s)": round(total, 2)}
+           "time to find (s)": None, "total (s)": round(total, 2),
+           "exposing cases": sum(bool(bug.exposes(_problem(r))) for _, r in timeline.stamps)}
     first = next(((t, i, r) for i, (t, r) in enumerate(timeline.stamps) if r["verdict"] in FAILING), None)
     if first is not None:
         t, i, rec = first
@@ -72,7 +73,7 @@ def run_bug(bug, profile: str, max_length: int | None) -> dict:
     if fail is not None:
         row.update({"shrunk L": fail["length"], "shrunk n_inputs": n_inputs(fail), "dtype": fail["dtype"],
                     "verdict": fail["verdict"], "cause": fail["cause"],
-                    "cond_max": fail.get("cond_max"), "exposes": bug.exposes(_problem(fail))})
+                    "cond_max": fail.get("cond_max")})
     return row
 
 
@@ -83,7 +84,8 @@ def _problem(record: dict):
     return Problem(**{k: record[k] for k in names})
 
 
-COLUMNS = ("bug", "family", "found", "time to find (s)", "found at case", "total (s)", "cases", "first L",
+COLUMNS = ("bug", "family", "found", "time to find (s)", "found at case", "total (s)", "cases", "exposing cases",
+           "first L",
            "first n_inputs", "shrunk L", "shrunk n_inputs", "dtype", "verdict", "cause", "cond_max", "exposed by")
 
 
@@ -115,7 +117,7 @@ def _fmt(value) -> str:
         return "yes" if value else "**no**"
     if isinstance(value, float):
         if math.isnan(value):
-            return "nan" if value != value else "-"
+            return "nan"
         if abs(value) >= 1e4 or (value and abs(value) < 1e-2):
             return f"{value:.2e}"
         return f"{value:g}"

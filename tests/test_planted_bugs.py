@@ -14,10 +14,12 @@ input elements).
 The time to the first failing case and the shrunk size are attached to each test as properties
 (``--junitxml`` shows them) and printed (``-s``); ``scripts/detection_table.py`` writes the same numbers
 to ``docs/detection.md``. The correct in-tree kernels and the sequential baselines pass `check` under
-the same settings, which shows the assertions above can fail.
+the same settings, which shows the assertions above can fail. Independently of the search, every bug is
+divergent on a hand-made case that exposes it (and the correct kernels are equivalent on it), so a bug
+the search misses (`SEARCH_GAPS`) is a gap of the search, not of the oracle or the verdict.
 
 Settings: dtypes float64/float32 (what each entry declares) and lengths up to `MAX_LENGTH` unless an
-entry needs longer (the dropped carry shows only past L = 512), so the file runs in about 2 minutes on
+entry needs longer (the dropped carry shows only past L = 512), so the file runs in about a minute on
 2 cores; the determinism re-call is off for the planted bugs (they are deterministic; the correct
 kernels keep it).
 """
@@ -95,7 +97,41 @@ def search(bug: PlantedBug, tmp_path_factory) -> Search:
     return _SEARCHES[bug.name]
 
 
+#: Planted bugs the ci search does not reach, with the numbers; each is still seen when drawn
+#: (`test_every_bug_is_seen_on_a_case_that_exposes_it`). strict: a search that starts finding one fails
+#: here, so the entry is removed.
+SEARCH_GAPS: dict[str, str] = {}
+
+
+def _bug_params():
+    for bug in PLANTED:
+        marks = [pytest.mark.xfail(strict=True, reason=SEARCH_GAPS[bug.name])] if bug.name in SEARCH_GAPS else []
+        yield pytest.param(bug, id=bug.name, marks=marks)
+
+
+def witness(family: str, chunked: bool) -> Problem:
+    """A float64 problem with every option on, which exposes every planted bug of its family."""
+    fam = family
+    if fam == "linear_scan":
+        return Problem(family=fam, length=600, dtype="float64", batch=2, dim=3, seed=1)
+    if fam == "selective_scan":
+        return Problem(family=fam, length=9, dtype="float64", batch=2, dim=4, state=3, groups=2, has_D=True,
+                       has_z=True, has_delta_bias=True, delta_softplus=True, seed=1)
+    chunk = 4 if chunked else None
+    eps = 1e-5 if fam == "retention_normed" else None
+    return Problem(family=fam, length=9, dtype="float64", batch=2, heads=2, dk=3, dv=4, chunk_size=chunk, eps=eps,
+                   seed=1)
+
+
 @pytest.mark.parametrize("bug", PLANTED, ids=[b.name for b in PLANTED])
+def test_every_bug_is_seen_on_a_case_that_exposes_it(bug: PlantedBug):
+    problem = witness(bug.family.value, bug.capabilities.takes_chunk)
+    assert bug.exposes(problem)
+    record = run_case(bug.spec, problem, RunOptions())
+    assert record["verdict"] in FAILING, record["why"]
+
+
+@pytest.mark.parametrize("bug", list(_bug_params()))
 def test_check_finds_the_planted_bug(bug: PlantedBug, tmp_path_factory, record_property):
     found = search(bug, tmp_path_factory)
     result = found.result
@@ -155,6 +191,13 @@ def test_the_correct_kernels_are_all_here():
         assert f"intree.sequential_{family}" in names
     assert {"intree.blelloch_scan", "intree.blelloch_selective_scan", "intree.retention_parallel",
             "intree.retention_recurrent", "intree.retention_chunkwise"} <= names
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_the_witness_cases_pass_on_a_correct_kernel(name):
+    spec = registry.get(name)
+    record = run_case(spec, witness(spec.family.value, spec.capabilities.takes_chunk), RunOptions())
+    assert record["verdict"] == "equivalent", record["why"]
 
 
 @pytest.mark.parametrize("name", CORRECT)
