@@ -1,23 +1,35 @@
 """Side-by-side benchmark: oracles vs peers (wall time, peak memory, equality) and suite throughput.
 
-Run ``python -m harness.bench --out reports/bench [--lengths 1024,8192] [--long] [--quick]``. Writes
-``bench.md`` and ``bench.csv`` under ``--out`` and prints the tables.
+Run ``python -m harness.bench --out reports/bench [--lengths 1024,8192,65536] [--long] [--quick]``.
+Writes ``bench.md`` and ``bench.csv`` under ``--out`` and prints the tables.
 
-- Wall time: best of ``reps`` calls in this process (inputs built once, float64, no grad).
-- Peak memory: each (function, length) runs once in a fresh ``python -c`` subprocess that reads
-  ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` before and after the call (inputs and imports already
-  done); the growth is reported in MiB (tracemalloc does not see torch allocations).
+- Wall time: best of ``reps`` calls in this process (inputs built once, float64, no grad; a function
+  whose calls pass `TIME_BUDGET_S` stops early, after at least one).
+- Oracle vs peers: per length, the oracle's time next to the fastest peer's, and their ratio (the
+  issue's target is an oracle at least `TARGET_RATIO` times faster than the fastest peer at L >= 8192).
+- Peak memory: each (function, length) runs once in a fresh ``python -c`` subprocess. It first calls the
+  function on a tiny input (imports, numba's JIT or cache load), then builds the inputs, then resets the
+  kernel's peak-RSS mark (``/proc/self/clear_refs``) and reads ``VmHWM`` after the call: the growth is
+  the call's own peak in MiB, the output included (``out_mib``). glibc is told to serve blocks above
+  64 KiB with mmap, so freed memory leaves the RSS and a call cannot hide inside memory the input
+  builder freed (without ``clear_refs`` the growth of ``ru_maxrss`` is used, which can read 0 then).
+  A peer runs only where its estimated memory (`PEER_MEMORY`) fits in a third of MemAvailable.
 - Speed-up: oracle time / function time, both measured in this run (> 1: the function is faster).
+- Technique: the oracles' three loop implementations side by side (torch per-step loop, compiled
+  `recur` only, compiled fused block kernels; see ``docs/performance.md``), and numba's first-use cost
+  with an empty and with a warm cache, each in a fresh subprocess.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,41 +103,117 @@ NOTES = {
     "fla.naive_retention": "computes in float32 internally (q.float()); forms (heads, L, L) decay mask",
     "intree.retention_recurrent": "one Python step per t, float64",
 }
+#: The issue's target: the oracle at least this many times faster than the fastest peer at L >= 8192.
+TARGET_RATIO = 5.0
+#: A function whose calls have taken this long in all stops repeating (after one call at least).
+TIME_BUDGET_S = 30.0
+#: Estimated peak bytes of a peer at length L (its large temporaries), to skip the lengths that do not fit.
+PEER_MEMORY: dict[str, Callable[[int], float]] = {
+    # exp(delta A), delta B, B x and the stacked states: about five (batch, L, ED, N) float64 tensors
+    "mambapy.selective_scan_seq": lambda L: 5 * SEL_SHAPE["batch"] * L * SEL_SHAPE["dim"] * SEL_SHAPE["state"] * 8,
+    # the (heads, L, L) float32 decay mask, scores and their product: about three
+    "fla.naive_retention": lambda L: 3 * RET_SHAPE["batch"] * RET_SHAPE["heads"] * L * L * 4,
+}
+
+
+def _available_bytes() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def fits(name: str, length: int) -> str:
+    """"" when ``name`` can run at ``length`` here, else why not (its estimated memory)."""
+    need = PEER_MEMORY.get(name, lambda L: 0.0)(length)
+    budget = _available_bytes() / 3
+    if need > budget:
+        return f"skipped: needs ~{need / 2**30:.1f} GiB, more than a third of the memory available ({budget * 3 / 2**30:.1f} GiB)"
+    return ""
 
 
 # ------------------------------------------------------------------------------------------ memory
-def _mem_child(name: str, length: int, threads: int = 1) -> None:
-    """Body of the fresh subprocess: prints {"mib": growth of ru_maxrss across one call}."""
+def _proc_status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _reset_peak() -> tuple[str, int]:
+    """Reset the peak-RSS mark; returns (method, baseline KiB) for `_read_peak`."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        return "VmHWM", _proc_status_kib("VmRSS")
+    except OSError:
+        import resource
+
+        return "ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+
+
+def _read_peak(method: str) -> int:
+    if method == "VmHWM":
+        return _proc_status_kib("VmHWM")
     import resource
 
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _mem_child(name: str, length: int, threads: int = 1) -> None:
+    """Body of the fresh subprocess: prints {"mib": the call's peak growth, "out_mib", "method"}."""
     torch.set_num_threads(threads)
     with torch.no_grad():
         fn = load_fn(name)
+        fn(*inputs_for(name, 16))  # imports, JIT or cache load, first-touch of torch's pools
         args = inputs_for(name, length)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        fn(*args)
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"mib": (after - before) / 1024.0}))  # ru_maxrss is KiB on Linux
+        gc.collect()
+        method, before = _reset_peak()
+        out = fn(*args)
+        after = _read_peak(method)
+    out_mib = out.numel() * out.element_size() / 2**20
+    print(json.dumps({"mib": max(after - before, 0) / 1024.0, "out_mib": out_mib, "method": method}))
+
+
+#: glibc: blocks above 64 KiB come from mmap and go back to the system when freed (fixed thresholds).
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0",
+               "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536:glibc.malloc.trim_threshold=0"}
+
+
+def peak_record(name: str, length: int, timeout: float = 600) -> dict[str, Any]:
+    """`_mem_child`'s record for ``name`` at ``length`` (``{"error": ...}`` when it fails)."""
+    code = f"from harness.bench import _mem_child; _mem_child({name!r}, {length}, {torch.get_num_threads()})"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **_MALLOC_ENV)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"n/a ({type(exc).__name__})"}
 
 
 def peak_mib(name: str, length: int, timeout: float = 600) -> float | str:
-    code = f"from harness.bench import _mem_child; _mem_child({name!r}, {length}, {torch.get_num_threads()})"
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
-        return json.loads(out.stdout.strip().splitlines()[-1])["mib"]
-    except Exception as exc:  # noqa: BLE001
-        return f"n/a ({type(exc).__name__})"
+    """Peak memory growth of one call of ``name`` at ``length``, in MiB (a string saying why when it fails)."""
+    rec = peak_record(name, length, timeout)
+    return rec["mib"] if "mib" in rec else rec["error"]
 
 
 # ------------------------------------------------------------------------------------------ timing
-def best_time(fn: Callable, args: tuple, reps: int) -> tuple[float, Any]:
-    best, out = float("inf"), None
+def best_time(fn: Callable, args: tuple, reps: int, budget_s: float = TIME_BUDGET_S) -> tuple[float, Any]:
+    """Best of ``reps`` calls (fewer once the calls have taken ``budget_s`` in all) and the last output."""
+    best, out, spent = float("inf"), None, 0.0
     with torch.no_grad():
         for _ in range(reps):
             t0 = time.perf_counter()
             out = fn(*args)
-            best = min(best, time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            best, spent = min(best, took), spent + took
+            if spent > budget_s:
+                break
     return best, out
 
 
@@ -141,29 +229,57 @@ def compare_group(group: str, names: tuple[str, ...], lengths: list[int], reps: 
     for n in names:
         try:
             fns[n] = load_fn(n)
+            with torch.no_grad():
+                fns[n](*inputs_for(n, 16))  # imports, numba's JIT or cache load: outside the timings
         except Exception as exc:  # noqa: BLE001 - a missing peer is reported, not fatal
             fns[n] = f"skipped: {type(exc).__name__}: {exc}"
-    jobs = [(n, L) for L in lengths for n in names if callable(fns[n])]
-    mems: dict[tuple[str, int], Any] = {}
-    if mem:  # fresh processes, two at a time (ru_maxrss is per process; timings below run alone)
+    jobs = [(n, L) for L in lengths for n in names if callable(fns[n]) and not fits(n, L)]
+    mems: dict[tuple[str, int], dict] = {}
+    if mem:  # fresh processes, two at a time (the peak is per process; timings below run alone)
         with ThreadPoolExecutor(2) as pool:
-            mems = dict(zip(jobs, pool.map(lambda j: peak_mib(*j), jobs)))
+            mems = dict(zip(jobs, pool.map(lambda j: peak_record(*j), jobs)))
     rows = []
     for L in lengths:
         args = inputs_for(names[0], L)
         t_ref, ref = best_time(fns[names[0]], args, reps)
         for n in names:
             row = {"group": group, "function": n, "L": L}
-            if not callable(fns[n]):
-                row.update(time_s=None, speedup_vs_oracle=None, peak_mib=None, vs_oracle=fns[n], note="")
+            skip = fns[n] if not callable(fns[n]) else fits(n, L)
+            if skip:
+                row.update(time_s=None, speedup_vs_oracle=None, peak_mib=None, out_mib=None, vs_oracle=skip,
+                           note=NOTES.get(n, ""))
                 rows.append(row)
                 continue
             t, out = (t_ref, ref) if n == names[0] else best_time(fns[n], args, reps)
-            m = mems.get((n, L), "not measured")
+            m = mems.get((n, L), {"error": "not measured"})
             row.update(time_s=round(t, 4), speedup_vs_oracle=round(t_ref / t, 3),
-                       peak_mib=round(m, 1) if isinstance(m, float) else m,
+                       peak_mib=round(m["mib"], 1) if "mib" in m else m["error"],
+                       out_mib=round(m["out_mib"], 1) if "out_mib" in m else None,
                        vs_oracle="(reference)" if n == names[0] else _compare(out, ref), note=NOTES.get(n, ""))
             rows.append(row)
+        del args, ref
+    return rows
+
+
+def oracle_vs_peers(groups: dict[str, list[dict]]) -> list[dict]:
+    """Per group and length: the oracle's time, the fastest peer's, and how many times faster the oracle is."""
+    rows = []
+    for group, grows in groups.items():
+        for L in dict.fromkeys(r["L"] for r in grows):
+            at = [r for r in grows if r["L"] == L]
+            oracle = at[0]
+            peers = [r for r in at[1:] if r["time_s"]]
+            fastest = min(peers, key=lambda r: r["time_s"]) if peers else None
+            ratio = fastest["time_s"] / oracle["time_s"] if fastest and oracle["time_s"] else None
+            rows.append({
+                "group": "summary", "family": group, "L": L, "oracle_s": oracle["time_s"],
+                "fastest_peer": fastest["function"] if fastest else "(none ran)",
+                "peer_s": fastest["time_s"] if fastest else None,
+                "oracle_x_faster": round(ratio, 2) if ratio else None,
+                f"target_{TARGET_RATIO:g}x": ("met" if ratio >= TARGET_RATIO else "NOT met") if ratio and L >= 8192
+                else "-",
+                "oracle_peak_mib": oracle["peak_mib"], "oracle_out_mib": oracle["out_mib"],
+            })
     return rows
 
 
@@ -197,6 +313,7 @@ def suite_throughput(lengths: list[int], seeds: int = 2) -> list[dict]:
                 "group": "suite", "function": name, "L": L, "cases": seeds,
                 "cases_per_s": round(seeds / wall, 2),
                 "harness_share": round((tot["t_measure"] + tot["t_inputs"]) / summed, 3),
+                "harness_ms_per_case": round((tot["t_measure"] + tot["t_inputs"]) / seeds * 1e3, 2),
                 "oracle_share": round(tot["t_oracle"] / summed, 3),
                 "kernel_share": round(tot["t_kernel"] / summed, 3),
                 "baseline_share": round(tot["t_baseline"] / summed, 3),
@@ -206,8 +323,107 @@ def suite_throughput(lengths: list[int], seeds: int = 2) -> list[dict]:
 
 
 # -------------------------------------------------------------------------------- oracle per-step
+class loop_mode:  # noqa: N801 - used as a context manager, named like one
+    """Within the block, the oracles run the given loop implementation (see `TECHNIQUES`)."""
+
+    def __init__(self, technique: str):
+        self.compiled, self.fused = TECHNIQUES[technique]
+
+    def __enter__(self):
+        from reference_impls import _compiled
+
+        self._saved = _compiled.AVAILABLE, _compiled.FUSED
+        if self.compiled and not _compiled.AVAILABLE:
+            raise RuntimeError(f"compiled loops unavailable: {_compiled.UNAVAILABLE_REASON}")
+        _compiled.AVAILABLE, _compiled.FUSED = self.compiled, self.fused
+        return self
+
+    def __exit__(self, *exc):
+        from reference_impls import _compiled
+
+        _compiled.AVAILABLE, _compiled.FUSED = self._saved
+        return False
+
+
+#: The oracles' loop implementations: (compiled loops on, fused block kernels on).
+TECHNIQUES: dict[str, tuple[bool, bool]] = {
+    "torch per-step loop": (False, False),
+    "numba recur only": (True, False),
+    "numba fused blocks (default)": (True, True),
+}
+
+
+def technique_comparison(length: int, reps: int) -> list[dict]:
+    """Each oracle under each of `TECHNIQUES` at ``length``: time, speed-up over the torch loop, equality."""
+    from reference_impls.retention import retention
+    from reference_impls.selective_scan import selective_scan
+
+    rows = []
+    for family, fn, make in (("selective_scan", selective_scan, sel_inputs), ("retention", retention, ret_inputs)):
+        args = make(length)
+        t_torch = ref = None
+        for technique in TECHNIQUES:
+            row = {"group": "technique", "family": family, "L": length, "technique": technique}
+            try:
+                with loop_mode(technique):
+                    fn(*make(16))  # JIT or cache load outside the timing
+                    t, out = best_time(fn, args, reps)
+            except RuntimeError as exc:
+                row.update(time_s=None, x_faster_than_torch_loop=None, vs_torch_loop=f"skipped: {exc}")
+                rows.append(row)
+                continue
+            if ref is None:
+                t_torch, ref = t, out
+            row.update(time_s=round(t, 4), x_faster_than_torch_loop=round(t_torch / t, 2),
+                       vs_torch_loop="(reference)" if out is ref else _compare(out, ref))
+            rows.append(row)
+    return rows
+
+
+_JIT_PROBE = """
+import json, time
+t0 = time.perf_counter()
+import torch
+from reference_impls import _compiled
+t1 = time.perf_counter()
+from harness.bench import sel_inputs, ret_inputs
+from reference_impls import linear_recurrence, linear_recurrence_trace, retention, selective_scan
+from reference_impls import selective_scan_trace, retention_trace
+x = sel_inputs(8); q = ret_inputs(8)
+t2 = time.perf_counter()
+for dt in (torch.float64, torch.float32):  # every kernel in both dtypes: what a test session compiles
+    selective_scan(*x, compute_dtype=dt); retention(*q, compute_dtype=dt)
+    linear_recurrence(x[1], x[0], compute_dtype=dt)
+selective_scan_trace(*x); retention_trace(*q); linear_recurrence_trace(x[1], x[0])
+t3 = time.perf_counter()
+print(json.dumps({"available": _compiled.AVAILABLE, "import_s": t1 - t0, "first_calls_s": t3 - t2}))
+"""
+
+
+def jit_cost() -> list[dict]:
+    """numba's first-use cost in fresh subprocesses: with an empty cache (a new machine or clone: every
+    kernel compiled) and with the cache that run left (every later process)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONWARNINGS="ignore")
+        for label in ("empty cache: compile", "warm cache: load"):
+            try:
+                out = subprocess.run([sys.executable, "-c", _JIT_PROBE], capture_output=True, text=True,
+                                     timeout=600, env=env, check=True)
+                rec = json.loads(out.stdout.strip().splitlines()[-1])
+            except Exception as exc:  # noqa: BLE001
+                rows.append({"group": "jit", "cache": label, "first_calls_s": f"n/a ({type(exc).__name__})"})
+                continue
+            rows.append({"group": "jit", "cache": label, "compiled_loops": rec["available"],
+                         "import_torch_and_numba_s": round(rec["import_s"], 2),
+                         "first_calls_s": round(rec["first_calls_s"], 2),
+                         "what": "8 kernel versions (4 kernels x float32/float64) + tiny oracle calls"})
+    return rows
+
+
 def oracle_step_cost(length: int, batches: list[int]) -> list[dict]:
-    """Selective-scan oracle: microseconds per step vs batch; the floor is two tiny torch ops per step."""
+    """Selective-scan oracle: microseconds per step vs batch, compiled and torch loop; the torch loop's
+    floor is two tiny torch ops per step."""
     from reference_impls.selective_scan import selective_scan
 
     x, o = torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
@@ -218,12 +434,20 @@ def oracle_step_cost(length: int, batches: list[int]) -> list[dict]:
     floor_us = (time.perf_counter() - t0) / length * 1e6
     rows = []
     for b in batches:
-        t, _ = best_time(selective_scan, sel_inputs(length, batch=b), 2)
-        elems = b * SEL_SHAPE["dim"] * SEL_SHAPE["state"]
-        rows.append({"group": "oracle_step", "function": "oracle.selective_scan", "L": length, "batch": b,
-                     "state_elems_per_step": elems, "us_per_step": round(t / length * 1e6, 2),
-                     "ns_per_state_elem": round(t / length / elems * 1e9, 3),
-                     "dispatch_floor_us_per_step": round(floor_us, 2)})
+        args = sel_inputs(length, batch=b)
+        for technique in ("numba fused blocks (default)", "torch per-step loop"):
+            try:
+                with loop_mode(technique):
+                    selective_scan(*sel_inputs(16, batch=b))
+                    t, _ = best_time(selective_scan, args, 2)
+            except RuntimeError:
+                continue
+            elems = b * SEL_SHAPE["dim"] * SEL_SHAPE["state"]
+            rows.append({"group": "oracle_step", "function": "oracle.selective_scan", "technique": technique,
+                         "L": length, "batch": b, "state_elems_per_step": elems,
+                         "us_per_step": round(t / length * 1e6, 2),
+                         "ns_per_state_elem": round(t / length / elems * 1e9, 3),
+                         "dispatch_floor_us_per_step": round(floor_us, 2)})
     return rows
 
 
@@ -237,32 +461,53 @@ def _md(rows: list[dict]) -> str:
 
 def run(out: Path, lengths: list[int], suite_lengths: list[int], reps: int, mem: bool = True,
         step_length: int = 2048, step_batches: tuple[int, ...] = (1, 2, 8, 32),
-        threads: int = 1) -> dict[str, list[dict]]:
+        threads: int = 1, technique_length: int | None = None, jit: bool = True) -> dict[str, list[dict]]:
+    """Every group of the benchmark; writes ``bench.md`` and ``bench.csv`` under ``out``.
+
+    ``technique_length``: L of the technique comparison (default: the largest of ``lengths`` up to 8192);
+    ``jit``: measure numba's first-use cost (two fresh subprocesses).
+    """
     t0 = time.perf_counter()
     # One intra-op thread by default: on this 2-core box torch's default (2 threads) made the per-step
     # loops ~80x slower (thread hand-off per tiny op), which would measure the scheduler, not the code.
     torch.set_num_threads(threads)
+    if technique_length is None:
+        technique_length = max([L for L in lengths if L <= 8192] or [min(lengths)])
     groups = {
         "selective_scan": compare_group("selective_scan", SEL_FNS, lengths, reps, mem),
         "retention": compare_group("retention", RET_FNS, lengths, reps, mem),
-        "suite": suite_throughput(suite_lengths),
-        "oracle_step": oracle_step_cost(step_length, list(step_batches)),
     }
+    groups = {"summary": oracle_vs_peers(groups), **groups}
+    groups["technique"] = technique_comparison(technique_length, reps)
+    if jit:
+        groups["jit"] = jit_cost()
+    groups["suite"] = suite_throughput(suite_lengths)
+    groups["oracle_step"] = oracle_step_cost(step_length, list(step_batches))
     total = time.perf_counter() - t0
     titles = {
+        "summary": f"Oracle vs the fastest peer (float64; target: oracle >= {TARGET_RATIO:g}x faster at L >= 8192; "
+                   "peak = the call's peak memory growth, out = its output's size, MiB)",
         "selective_scan": f"Selective scan, float64, batch {SEL_SHAPE['batch']}, ED={SEL_SHAPE['dim']}, "
                           f"N={SEL_SHAPE['state']} (time: best of {reps}; speed-up = oracle time / time)",
         "retention": f"Retention, float64 in, batch {RET_SHAPE['batch']}, heads {RET_SHAPE['heads']}, "
                      f"d {RET_SHAPE['dk']} (time: best of {reps})",
+        "technique": "Oracle loop implementations side by side (same shapes, float64; docs/performance.md)",
+        "jit": "numba first use in a fresh process (import, then every kernel in float32 and float64)",
         "suite": "Suite throughput (run_case, float32 cases, default shapes; shares of summed record timings; "
                  "harness = t_inputs + t_measure)",
         "oracle_step": "Selective-scan oracle cost per step vs batch (what limits it)",
     }
+    from reference_impls import _compiled
+
+    loops = ("compiled (numba " + __import__("numba").__version__ + ")") if _compiled.AVAILABLE else (
+        f"torch loops ({_compiled.UNAVAILABLE_REASON})")
     md = [f"# Benchmark\n\nOne run, `python -m harness.bench`, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {total:.0f} s in all. Peak memory = growth of ru_maxrss "
-          "across one call in a fresh subprocess (MiB).\n"]
+          f"{torch.get_num_threads()} threads, oracle loops: {loops}, {total:.0f} s in all. Peak memory = the "
+          "growth of the peak RSS across one call in a fresh subprocess, after a warm-up call and after the "
+          "inputs are built (MiB; `VmHWM` reset through /proc/self/clear_refs).\n"]
     for g, rows in groups.items():
-        md.append(f"## {titles[g]}\n\n{_md(rows)}\n")
+        if rows:
+            md.append(f"## {titles[g]}\n\n{_md(rows)}\n")
     text = "\n".join(md)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.md").write_text(text)
@@ -279,20 +524,20 @@ def run(out: Path, lengths: list[int], suite_lengths: list[int], reps: int, mem:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="reports/bench")
-    ap.add_argument("--lengths", default=None, help="comma-separated, default 1024,8192 (plus 65536 with --long)")
-    ap.add_argument("--long", action="store_true", help="add L=65536 to the oracle comparisons")
+    ap.add_argument("--lengths", default=None, help="comma-separated, default 1024,8192,65536 (plus 262144 with --long)")
+    ap.add_argument("--long", action="store_true", help="add L=262144 to the comparisons (peers where they fit)")
     ap.add_argument("--quick", action="store_true", help="tiny lengths, one repetition (for tests)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     a = ap.parse_args(argv)
     if a.quick:
         lengths, suite_lengths, reps = [64, 128], [64], 1
-        extra = dict(step_length=128, step_batches=(1, 4))
+        extra = dict(step_length=128, step_batches=(1, 4), jit=False)
     else:
-        lengths, suite_lengths, reps, extra = [1024, 8192], [1024, 4096], 3, {}
+        lengths, suite_lengths, reps, extra = [1024, 8192, 65536], [1024, 4096], 3, {}
     if a.lengths:
         lengths = [int(x) for x in a.lengths.split(",")]
     if a.long:
-        lengths.append(65536)
+        lengths.append(262144)
     run(Path(a.out), lengths, suite_lengths, reps, threads=a.threads, **extra)
     return 0
 

@@ -17,6 +17,12 @@ tensor with vectorized code and a remainder with scalar code, which can differ b
 value may depend on the shape of the tensor it was computed in (a block vs one step). That is the only
 way the blocked loop and a per-step loop can differ: the operations and their order are the same.
 
+Compiled loops. On the CPU in float32 and float64, `recur` and `recur_peak` run the same loop compiled
+(`reference_impls._compiled`, numba), and `fused` hands the oracles kernels that also apply the output
+map in the same pass; every operation and its order stay as written here, so the results are the same
+bits (``tests/test_oracle_compiled.py``). Without numba, in float16/bfloat16 or on another device the
+torch loops below run. ``docs/performance.md`` has the measurements behind this.
+
 Bounded memory. The oracles walk the sequence in blocks of `block_length` steps. Per block they build
 the per-step inputs (e.g. ``exp(delta * A)`` for those steps only), run `recur` over the block into a
 block-sized buffer, and map the block's states to outputs. Nothing whose size is (state size) x L is
@@ -27,7 +33,9 @@ run in order and the carried state is the exact last state of the previous block
 
 from __future__ import annotations
 
+import importlib
 from itertools import repeat
+from types import ModuleType
 from typing import Iterator
 
 import torch
@@ -35,6 +43,19 @@ import torch
 #: Elements in one block buffer (2 MiB in float64). A block holds this many state elements in total,
 #: so the block's length is ``BLOCK_ELEMENTS // (elements of one step's state)`` (at least one step).
 BLOCK_ELEMENTS: int = 1 << 18
+
+
+def compiled(*tensors: torch.Tensor | None) -> ModuleType | None:
+    """`reference_impls._compiled` when its loops apply to ``tensors`` (CPU, float32/float64, numba
+    importable), else None. Imported on first use, so that importing the oracles does not import numba."""
+    module = importlib.import_module("reference_impls._compiled")
+    return module if module.usable(*tensors) else None
+
+
+def fused(*tensors: torch.Tensor | None) -> ModuleType | None:
+    """Like `compiled`, for the oracles' fused block kernels (None also when they are switched off)."""
+    module = compiled(*tensors)
+    return module if module is not None and module.FUSED else None
 
 
 def block_length(length: int, step_elements: int) -> int:
@@ -62,6 +83,9 @@ def recur(
     when ``per_step_decay``, else one tensor broadcastable to the state, used at every step. Returns the
     last state (a copy, so that ``out`` may be reused for the next block).
     """
+    jit = compiled(decay, inp, state, out)
+    if jit is not None and out.is_contiguous():
+        return jit.recur(decay, inp, state, out, per_step_decay=per_step_decay)
     decays = decay.unbind(0) if per_step_decay else repeat(decay)
     prev = state
     for d, x, o in zip(decays, inp.unbind(0), out.unbind(0)):
@@ -83,6 +107,9 @@ def recur_peak(
     Same layout and return value as `recur`. ``P_t = |a_t| * max(P_{t-1}, 1)`` is the maximum over
     s <= t of ``|a_s| * ... * |a_t|`` (a window may start anywhere; max(., 1) restarts it).
     """
+    jit = compiled(decay_abs, state, out)
+    if jit is not None and out.is_contiguous():
+        return jit.recur_peak(decay_abs, state, out, per_step_decay=per_step_decay)
     decays = decay_abs.unbind(0) if per_step_decay else repeat(decay_abs)
     prev = state
     for d, o in zip(decays, out.unbind(0)):

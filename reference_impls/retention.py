@@ -105,6 +105,16 @@ def _run(q, k, v, gammas, scale, *, dtype, device, with_trace):
     gamma = gammas.to(device=device, dtype=dtype).view(heads, 1, 1)
     o = torch.empty((batch, length, heads, dv), dtype=dtype, device=device)
     state = torch.zeros((batch, heads, dk, dv), dtype=dtype, device=device)
+    # The fused kernel (k^T v, the state update and q S of a block in one compiled pass) for the plain
+    # oracle; it keeps one state, so its blocks are sized by the steps' inputs and outputs. The trace
+    # needs every state: it runs the loop below (with `_loop.recur` compiled where it can).
+    jit = None if with_trace else _loop.fused(q, k, v, gamma)
+    if jit is not None:
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        for start, stop in _loop.blocks(length, _loop.block_length(length, batch * heads * 2 * (dk + dv))):
+            jit.retention_block(gamma.view(heads), q, k, v, start, stop, state, o)  # q S, as below
+            o[:, start:stop].mul_(scale)
+        return o, None
     steps = _loop.block_length(length, batch * heads * dk * dv)
     s_buf = torch.empty((steps, batch, heads, dk, dv), dtype=dtype, device=device)
     if with_trace:

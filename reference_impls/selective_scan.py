@@ -115,11 +115,15 @@ def _run(u, delta, A, B, C, D, z, delta_bias, delta_softplus, *, dtype, device, 
     dprime = delta if delta_bias is None else delta + delta_bias[:, None]
     if delta_softplus:
         dprime = F.softplus(dprime, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
-    du = dprime * u  # (batch, dim, L): d' u, multiplied by B per block
-    y = torch.empty_like(u)
+    # The fused kernel (state update, C.h and D u of a block in one compiled pass) for the plain oracle;
+    # the trace needs every state, so it runs the loop below (with `_loop.recur` compiled where it can).
+    jit = None if with_trace else _loop.fused(u, dprime, A, B, C, D)
+    if jit is not None:  # the kernel reads these in place; exp(d' A) below still comes from dprime as is
+        u_c, dprime_c, B_c, C_c = (x.contiguous() for x in (u, dprime, B, C))
+    y = torch.empty_like(u, memory_format=torch.contiguous_format)
     state = torch.zeros((batch, dim, n_state), dtype=dtype, device=device)
     steps = _loop.block_length(length, batch * dim * n_state)
-    h_buf = torch.empty((steps, batch, dim, n_state), dtype=dtype, device=device)
+    h_buf = None if jit is not None else torch.empty((steps, batch, dim, n_state), dtype=dtype, device=device)
     if with_trace:
         mag, growth, state_peak, decay_peak = (torch.empty_like(u) for _ in range(4))
         mag_buf, growth_buf, decay_buf = (torch.empty_like(h_buf) for _ in range(3))
@@ -130,11 +134,18 @@ def _run(u, delta, A, B, C, D, z, delta_bias, delta_softplus, *, dtype, device, 
         n = stop - start
         d_blk = dprime[..., start:stop].permute(2, 0, 1)  # (n, batch, dim)
         decay = torch.mul(d_blk[..., None], A).exp_()  # (n, batch, dim, N)
-        inp = du[..., start:stop].permute(2, 0, 1)[..., None] * _per_channel(B, start, stop, dim)
+        if jit is not None:  # the same arithmetic as the lines below, D u included
+            jit.selective_scan_block(decay, dprime_c, u_c, B_c, C_c, D, start, state, y)
+            continue
+        du = dprime[..., start:stop] * u[..., start:stop]  # d' u, then multiplied by B
+        inp = du.permute(2, 0, 1)[..., None] * _per_channel(B, start, stop, dim)
         h_blk = h_buf[:n]
         state = _loop.recur(decay, inp, state, h_blk)
         C_blk = _per_channel(C, start, stop, dim)
-        y[..., start:stop] = _loop.seq_sum(C_blk * h_blk, -1).permute(1, 2, 0)
+        y_blk = _loop.seq_sum(C_blk * h_blk, -1).permute(1, 2, 0)
+        if D is not None and not with_trace:  # + D u per block: no (batch, dim, L) temporary
+            y_blk = y_blk + D[:, None] * u[..., start:stop]
+        y[..., start:stop] = y_blk
         if with_trace:
             C_abs = C_blk.abs()
             mag_state = _loop.recur(decay, inp.abs(), mag_state, mag_buf[:n])  # decay = exp(.) >= 0
@@ -148,7 +159,7 @@ def _run(u, delta, A, B, C, D, z, delta_bias, delta_softplus, *, dtype, device, 
             state_peak[..., start:stop] = peak.permute(1, 2, 0)
             dpeak, decay_carry = _loop.running_max(decay_buf[:n].amax(-1), decay_carry)
             decay_peak[..., start:stop] = dpeak.permute(1, 2, 0)
-    if D is not None:
+    if D is not None and with_trace:
         du_skip = D[:, None] * u
         y.add_(du_skip)
     if z is not None:
