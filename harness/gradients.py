@@ -1,0 +1,164 @@
+"""Gradients: a kernel's vector-Jacobian product against float64 autograd through the oracle.
+
+For kernels that declare ``autograd``: the inputs (in the case's dtype) require grad, the kernel's
+output is pulled back along a random cotangent (seeded from the problem, rounded to the dtype), and
+each input's gradient is measured against float64 autograd through the oracle on the same rounded
+inputs and cotangent (`reference_impls.autograd`: the oracles' definitions written out of place,
+checked equal to them), through the same `metrics.measure` and `verdict.judge` as outputs.
+
+Gradients have no conditioning companion of their own, so the bound is normwise: a gradient element
+is a sum of at most ``n`` terms, n the number of output elements (a parameter shared over time, batch
+and channels, such as A, B or D, sums that many), and a recursive sum of n terms errs by at most about
+``n u sum|terms|`` (Higham's gamma_n). The trace handed to `measure` has ``growth = n * s`` with
+``s = max(max |reference gradient|, max|cotangent| * max|y| / max|x|)``: the second term is the
+natural size of dy/dx, so that a gradient that is exactly zero by cancellation (a norm over one
+element, say) still has a rounding scale. The same-dtype baseline (autograd through the same definitions run in the kernel's
+dtype) decides, as for outputs, whether a larger error is rounding the plain loop makes too.
+
+A case whose forward output is not equivalent is not differentiated: its forward record is returned
+(the gradient of an overflowing or wrong forward says nothing new).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
+from harness.kernels.guard import Outcome
+from harness.problems import Problem
+from harness.runner import RunOptions, call_args, run_case
+from harness.verdict import judge
+from reference_impls.trace import Trace
+
+#: Inputs that are differentiated, per family (the rest are flags or integer-valued).
+GRAD_INPUTS: dict[Family, tuple[str, ...]] = {
+    Family.LINEAR_SCAN: ("a", "b"),
+    Family.SELECTIVE_SCAN: ("u", "delta", "A", "B", "C", "D", "z", "delta_bias"),
+    Family.RETENTION: ("q", "k", "v"),
+    Family.RETENTION_NORMED: ("q", "k", "v"),
+}
+
+
+def _oracle_output(problem: Problem, x: dict[str, torch.Tensor], convention: RetentionConvention,
+                   ) -> torch.Tensor:
+    """The oracle's definition, differentiable (`reference_impls.autograd`), in the dtype of ``x``."""
+    from reference_impls import autograd as ad
+
+    fam = problem.family
+    if fam is Family.LINEAR_SCAN:
+        return ad.linear_recurrence(x["a"], x["b"])
+    if fam is Family.SELECTIVE_SCAN:
+        return ad.selective_scan(x["u"], x["delta"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"),
+                                 delta_bias=x.get("delta_bias"), delta_softplus=problem.delta_softplus)
+    gamma, scale = list(convention.gammas(problem.heads)), convention.scale(problem.dk)
+    if fam is Family.RETENTION:
+        return ad.retention(x["q"], x["k"], x["v"], gamma, scale)
+    return ad.retention_normed(x["q"], x["k"], x["v"], problem.eps, gamma, scale)
+
+
+def _vjp(fn, inputs: dict[str, torch.Tensor], names: tuple[str, ...], cotangent: torch.Tensor,
+         ) -> dict[str, torch.Tensor | None]:
+    leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in inputs.items()}
+    with torch.enable_grad():
+        out = fn(leaves)
+        wanted = [leaves[k] for k in names]
+        grads = torch.autograd.grad(out, wanted, cotangent.to(out.dtype), allow_unused=True)
+    return dict(zip(names, grads))
+
+
+#: Elementary operations behind one term of a gradient (products of up to four factors, exp, softplus,
+#: silu, the norm's rsqrt and their derivatives), each rounded once.
+GRAD_OPS = 8
+#: Gradients have no a-priori conditioning companion; the normwise bound is widened by this factor.
+#: Set from data: 30 derandomized cases per correct kernel and dtype (every autograd kernel available
+#: here, L <= 128) gave, with a factor of 1, cond errors up to 5.4 (torchscale.chunkwise, float32) and
+#: 2.0 (intree.retention_normed_chunkwise, float64), and a hypothesis search found 14.7 for the latter:
+#: its 1/rms amplifies the rounding of its decay powers. 64 keeps a margin of 4 over the worst seen,
+#: while a wrong adjoint (a relative error of order 1) stays ~1e9 times over the bound in float64.
+GRADIENT_SLACK = 64.0
+
+
+def _gradient_trace(ref: torch.Tensor, n_terms: int, natural_scale: float) -> Trace:
+    """A trace for a gradient: the normwise bound of a sum of ``n_terms`` terms (see the module doc)."""
+    top = max(float(ref.abs().max()) if ref.numel() else 0.0, natural_scale)
+    scale = torch.full_like(ref, top * (n_terms + GRAD_OPS) * GRADIENT_SLACK)
+    zero = torch.zeros_like(ref)
+    return Trace(out=ref, magnitude=zero, growth=scale, state_peak=zero, decay_peak=zero)
+
+
+def cotangent(problem: Problem, shape: tuple[int, ...]) -> torch.Tensor:
+    """The random output cotangent of ``problem``: seeded from it, float64, rounded to its dtype."""
+    gen = torch.Generator().manual_seed(problem.seed + 7919)
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(problem.torch_dtype).to(torch.float64)
+
+
+def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None,
+                  ) -> list[dict[str, Any]]:
+    """One record per differentiated input (kernel ``<name>:grad[<input>]``), or the forward record
+    when the forward output is not equivalent."""
+    from harness.metrics import measure
+
+    options = options or RunOptions()
+    forward = run_case(spec, problem, options)
+    if forward["verdict"] != "equivalent":
+        return [forward]
+    inputs = problem.make_inputs()
+    names = tuple(n for n in GRAD_INPUTS[problem.family] if n in inputs)
+    fn = spec.callable()
+    g = cotangent(problem, tuple(forward_shape(problem)))
+    precision = spec.capabilities.precision(problem.dtype)
+
+    def kernel(x):
+        args, kwargs = call_args(problem, x, spec)
+        return fn(*args, **kwargs)
+
+    t0 = time.perf_counter()
+    try:
+        got = _vjp(kernel, inputs, names, g.to(problem.torch_dtype).to(problem.device))
+    except Exception as exc:  # noqa: BLE001 - a failing backward is a finding, recorded
+        message = f"{Outcome.RAISED.value}: backward raised {type(exc).__name__}: {exc}"
+        record = dict(forward, mode="grad", grad_of="*", outcome=Outcome.RAISED.value, error=message)
+        judgement = judge({}, options.policy, kernel_error=message)
+        record.update(verdict=judgement.verdict.value, why=judgement.why, cause=Outcome.RAISED.value)
+        return [record]
+    t_kernel = time.perf_counter() - t0
+    x64 = {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
+    with torch.no_grad():
+        y_scale = float(_oracle_output(problem, x64, spec.convention).abs().max())
+    want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
+    base = None
+    if precision != "float64":
+        low = {k: v.to(DTYPE_NAMES[precision]) for k, v in x64.items()}
+        base = _vjp(lambda x: _oracle_output(problem, x, spec.convention), low, names,
+                    g.to(DTYPE_NAMES[precision]))
+    records = []
+    for name in names:
+        ref = want[name]
+        actual = got[name]
+        if ref is None:
+            continue
+        if actual is None:
+            actual = torch.zeros_like(inputs[name])  # the kernel ignores an input the oracle depends on
+        axis = -1
+        natural = float(g.abs().max()) * y_scale / max(float(x64[name].abs().max()), 1e-300)
+        div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural), dtype=precision,
+                      baseline=None if base is None or base[name] is None else base[name].detach(),
+                      length_axis=axis, cond_threshold=options.policy.cond_threshold)
+        judgement = judge(div, options.policy)
+        record = {k: v for k, v in forward.items() if not k.startswith(("t_", "cond", "max_", "ulp", "worst"))}
+        record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype",)})
+        record.update(mode="grad", grad_of=name, verdict=judgement.verdict.value, why=judgement.why,
+                      cause={"equivalent": "rounding", "divergent": "kernel_bug"}.get(judgement.verdict.value,
+                                                                                       "input_overflow"),
+                      kernel=f"{spec.name}:grad[{name}]", t_kernel=round(t_kernel, 6))
+        records.append(record)
+    return records
+
+
+def forward_shape(problem: Problem) -> tuple[int, ...]:
+    from harness.runner import output_shape
+
+    return output_shape(problem)

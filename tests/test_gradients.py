@@ -1,0 +1,90 @@
+"""Gradients of every kernel that declares autograd, against float64 autograd through the oracle.
+
+Property-based like the output suite (fewer examples: a backward pass costs two forward ones), plus
+planted backward bugs that the harness must find while the forward output stays right.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from harness.gradients import gradient_case
+from harness.kernels.blelloch import blelloch_linear_scan
+from harness.kernels.contract import Capabilities, KernelSpec
+from harness.kernels.registry import all_kernels, get
+from harness.problems import Problem
+from harness.runner import RunOptions
+from harness.settings import limits
+from harness.strategies import problems
+
+FAILING = ("divergent", "kernel_error")
+AUTOGRAD = [s for s in all_kernels() if s.capabilities.autograd]
+
+
+@pytest.mark.parametrize("spec", AUTOGRAD, ids=[s.name for s in AUTOGRAD])
+def test_gradients_match_the_oracle(spec, harness_policy):
+    reason = spec.unavailable_reason()
+    if reason:
+        pytest.skip(f"{spec.name} unavailable here: {reason}")
+    dtypes = tuple(d for d in ("float64", "float32") if spec.capabilities.runs(d, "cpu") is None)
+    if not dtypes:
+        pytest.skip(f"{spec.name} runs neither float64 nor float32 here")
+    options = RunOptions(policy=harness_policy)
+
+    @settings(max_examples=max(3, limits().max_examples // 3))
+    @given(problem=problems(spec, dtypes=dtypes, max_length=256, regimes=("trained",)))
+    def search(problem):
+        for record in gradient_case(spec, problem, options):
+            assert record["verdict"] not in FAILING, f"{record['kernel']}: {record['why']}"
+
+    search()
+
+
+class _LeakyBackward(torch.autograd.Function):
+    """Forward: the right scan. Backward: forgets the decay between steps (lambda_t = g_t)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        h = blelloch_linear_scan(a, b)
+        ctx.save_for_backward(a, h)
+        return h
+
+    @staticmethod
+    def backward(ctx, g):
+        a, h = ctx.saved_tensors
+        lam = g  # wrong: the adjoint is the reverse recurrence lam_t = g_t + a_{t+1} lam_{t+1}
+        h_prev = torch.nn.functional.pad(h[..., :-1], (1, 0))
+        return lam * h_prev, lam
+
+
+def _planted(fn, name: str) -> KernelSpec:
+    return KernelSpec(name=name, family="linear_scan", load=lambda: fn,
+                      capabilities=Capabilities(dtypes=("float64", "float32"), autograd=True), source="test")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_wrong_backward_is_found_while_the_forward_is_right(dtype):
+    spec = _planted(_LeakyBackward.apply, "planted.leaky_backward")
+    records = gradient_case(spec, Problem("linear_scan", 16, dtype=dtype, batch=2, dim=3, seed=4))
+    by_input = {r["grad_of"]: r for r in records}
+    assert set(by_input) == {"a", "b"}
+    assert by_input["b"]["verdict"] == "divergent", by_input["b"]["why"]
+    assert by_input["b"]["cause"] == "kernel_bug"
+
+
+def test_a_kernel_that_detaches_an_input_is_found():
+    def detached(a, b):
+        return blelloch_linear_scan(a.detach(), b)
+
+    records = gradient_case(_planted(detached, "planted.detached_decay"),
+                            Problem("linear_scan", 8, dtype="float64", batch=1, dim=2, seed=1))
+    by_input = {r["grad_of"]: r for r in records}
+    assert by_input["a"]["verdict"] == "divergent", by_input["a"]["why"]
+    assert by_input["b"]["verdict"] == "equivalent", by_input["b"]["why"]
+
+
+def test_the_in_tree_scan_gradients_are_equivalent():
+    records = gradient_case(get("intree.blelloch_scan"), Problem("linear_scan", 33, dtype="float32", dim=3))
+    assert records and all(r["verdict"] == "equivalent" for r in records), [r["why"] for r in records]
