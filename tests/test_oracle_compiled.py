@@ -1,0 +1,404 @@
+"""The compiled oracle loops (`reference_impls._compiled`, numba) give the torch loops' bits exactly.
+
+- Every oracle (linear recurrence, selective scan with D, z, softplus, delta_bias and groups, retention
+  and retention_normed) and every trace, in float64 and float32, on several shapes including lengths
+  that are not a multiple of the block: the compiled path and the pure-torch per-step loop are
+  `torch.equal`, and the compiled path was really taken.
+- No fused multiply-add: the generated assembly has no FMA instruction, and inputs on which a fused
+  step and an unfused step round differently (checked with exact fractions) give the unfused result.
+- Special values (inf, NaN, subnormals, signed zeros) give the same bit patterns, NaN in the same
+  places (a NaN's sign and payload are not compared: see `_assert_same`).
+- float16 / bfloat16 and a missing numba take the torch loop (and work).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+import pytest
+import torch
+
+from reference_impls import (
+    _compiled,
+    _loop,
+    linear_recurrence,
+    linear_recurrence_trace,
+    retention,
+    retention_normed,
+    retention_normed_trace,
+    retention_trace,
+    selective_scan,
+    selective_scan_trace,
+)
+from reference_impls.trace import Trace
+
+needs_numba = pytest.mark.skipif(not _compiled.AVAILABLE, reason=f"compiled loops off: {_compiled.UNAVAILABLE_REASON}")
+
+KERNELS = ("_recur_kernel", "_recur_peak_kernel", "_selective_scan_kernel", "_retention_kernel")
+WRAPPERS = ("recur", "recur_peak", "selective_scan_block", "retention_block")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the calls of each compiled wrapper (which still run)."""
+    counts = dict.fromkeys(WRAPPERS, 0)
+    for name in WRAPPERS:
+        fn = getattr(_compiled, name)
+
+        def counted(*args, _fn=fn, _name=name, **kwargs):
+            counts[_name] += 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(_compiled, name, counted)
+    return counts
+
+
+def _torch_only(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the compiled loops switched off (the pure-torch per-step loop)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_compiled, "AVAILABLE", False)
+        return fn(*args, **kwargs)
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns as integers (torch.equal is False on NaN; bit patterns are not)."""
+    ints = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+            torch.bfloat16: torch.int16}
+    return x.contiguous().view(ints[x.dtype])
+
+
+def _assert_same(a, b) -> None:
+    if isinstance(a, Trace):
+        for field in ("out", "magnitude", "growth", "state_peak", "decay_peak"):
+            _assert_same(getattr(a, field), getattr(b, field))
+        return
+    if isinstance(a, tuple):
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y)
+        return
+    assert a.dtype == b.dtype and a.shape == b.shape
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    if nan_a.any() or nan_b.any():
+        # NaN in the same places, every other value in the same bits. A NaN's sign and payload are not
+        # part of the arithmetic (IEEE 754 leaves them open; x86 returns the first operand's NaN, and
+        # either compiler may swap the operands of a commutative * or +), so they are not compared.
+        assert torch.equal(nan_a, nan_b), "NaN in different places"
+        assert torch.equal(_bits(a)[~nan_a], _bits(b)[~nan_b])
+    else:
+        assert torch.equal(a, b), f"max |diff| {(a.double() - b.double()).abs().max().item():.3g}"
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------------- inputs
+def _linear(seed, batch, channels, length, dtype, h0=False):
+    g = _gen(seed)
+    a = torch.rand((batch, channels, length), generator=g, dtype=torch.float64).mul(1.2).sub(0.1)
+    b = torch.randn((batch, channels, length), generator=g, dtype=torch.float64)
+    h = torch.randn((batch, channels), generator=g, dtype=torch.float64) if h0 else None
+    return a.to(dtype), b.to(dtype), None if h is None else h.to(dtype)
+
+
+def _selective(seed, batch, dim, n_state, length, dtype, *, groups_b=1, groups_c=1, D=True, z=True,
+               softplus=True, bias=True):
+    g = _gen(seed)
+    f = dict(generator=g, dtype=torch.float64)
+    u = torch.randn((batch, dim, length), **f)
+    delta = torch.randn((batch, dim, length), **f) if softplus else torch.rand((batch, dim, length), **f)
+    A = -torch.rand((dim, n_state), **f) * 2
+    B = torch.randn((batch, groups_b, n_state, length), **f)
+    C = torch.randn((batch, groups_c, n_state, length), **f)
+    B = B[:, 0] if groups_b == 1 and seed % 2 else B  # (batch, N, L) and (batch, 1, N, L) are both allowed
+    kw = dict(
+        D=torch.randn((dim,), **f) if D else None,
+        z=torch.randn((batch, dim, length), **f) if z else None,
+        delta_bias=torch.rand((dim,), **f) - 0.5 if bias else None,
+        delta_softplus=softplus,
+    )
+    cast = lambda x: None if not isinstance(x, torch.Tensor) else x.to(dtype)  # noqa: E731
+    args = tuple(cast(x) for x in (u, delta, A, B, C))
+    return args, {k: cast(v) if isinstance(v, torch.Tensor) or v is None else v for k, v in kw.items()}
+
+
+def _retention(seed, batch, length, heads, dk, dv, dtype):
+    g = _gen(seed)
+    q, k = (torch.randn((batch, length, heads, dk), generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn((batch, length, heads, dv), generator=g, dtype=torch.float64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+DTYPES = [torch.float64, torch.float32]
+#: Values of `_loop.BLOCK_ELEMENTS`: small ones force many blocks (64: often one step each) and a
+#: partial last block; the default one runs the oracles as shipped.
+BLOCKS = [64, 4096, _loop.BLOCK_ELEMENTS]
+
+
+def _with_blocks(shapes: list[tuple], length_at: int) -> list[tuple]:
+    """(shape, block) pairs; one-step blocks (64) only on short lengths, where the torch loop is quick."""
+    return [(shape, block) for shape in shapes for block in BLOCKS if block != 64 or shape[length_at] <= 100]
+
+
+def _same_both_ways(fn, *args, **kwargs):
+    compiled = fn(*args, **kwargs)
+    plain = _torch_only(fn, *args, **kwargs)
+    _assert_same(compiled, plain)
+    return compiled
+
+
+# -------------------------------------------------------------------------------------- equalities
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, block", _with_blocks([(1, 1, 1), (2, 3, 37), (3, 5, 1000)], -1))
+def test_linear_recurrence_bit_identical(dtype, shape, block, monkeypatch, calls):
+    monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", block)
+    for seed, h0 in ((0, False), (1, True)):
+        a, b, h = _linear(seed, *shape, dtype, h0=h0)
+        _same_both_ways(linear_recurrence, a, b, h, compute_dtype=dtype)
+        if dtype == torch.float64:
+            _same_both_ways(linear_recurrence_trace, a, b, h)
+    assert calls["recur"] > 0
+    if dtype == torch.float64:
+        assert calls["recur_peak"] > 0
+
+
+SELECTIVE_SHAPES = [  # (batch, dim, N, L, groups of B, groups of C)
+    (1, 1, 1, 1, 1, 1),
+    (2, 4, 3, 29, 2, 1),
+    (2, 6, 5, 300, 3, 6),
+    (2, 8, 16, 1000, 1, 2),
+    (2, 64, 16, 300, 1, 1),  # the benchmark's channels: 128 steps per default block, 300 = 2 * 128 + 44
+]
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, block", _with_blocks(SELECTIVE_SHAPES, 3))
+def test_selective_scan_bit_identical(dtype, shape, block, monkeypatch, calls):
+    monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", block)
+    batch, dim, n_state, length, gb, gc = shape
+    for seed, opts in enumerate([dict(), dict(D=False, z=False, softplus=False, bias=False),
+                                 dict(z=False, bias=False), dict(D=False, softplus=False)]):
+        args, kw = _selective(seed, batch, dim, n_state, length, dtype, groups_b=gb, groups_c=gc, **opts)
+        _same_both_ways(selective_scan, *args, **kw, return_last_state=True, compute_dtype=dtype)
+        if dtype == torch.float64:
+            _same_both_ways(selective_scan_trace, *args, **kw)
+    assert calls["selective_scan_block"] > 0
+    if dtype == torch.float64:
+        assert calls["recur"] > 0 and calls["recur_peak"] > 0
+
+
+RETENTION_SHAPES = [  # (batch, L, heads, dk, dv)
+    (1, 1, 1, 1, 1),
+    (2, 33, 3, 5, 7),
+    (1, 700, 2, 16, 8),
+    (2, 130, 4, 8, 32),
+]
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, block", _with_blocks(RETENTION_SHAPES, 1))
+def test_retention_bit_identical(dtype, shape, block, monkeypatch, calls):
+    monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", block)
+    q, k, v = _retention(0, *shape, dtype)
+    heads = shape[2]
+    gammas = [0.5 + 0.49 * h / heads for h in range(heads)]
+    _same_both_ways(retention, q, k, v, compute_dtype=dtype)
+    _same_both_ways(retention, q, k, v, gamma=gammas, scale=0.3, compute_dtype=dtype)
+    _same_both_ways(retention_normed, q, k, v, 1e-6, kind="layer", compute_dtype=dtype)
+    # non-contiguous inputs (a transposed view): the kernel reads a contiguous copy
+    qt = q.transpose(0, 1).contiguous().transpose(0, 1)
+    _same_both_ways(retention, qt, k, v, compute_dtype=dtype)
+    if dtype == torch.float64:
+        _same_both_ways(retention_trace, q, k, v)
+        _same_both_ways(retention_normed_trace, q, k, v, 1e-6, gamma=gammas)
+    assert calls["retention_block"] > 0
+    if dtype == torch.float64:
+        assert calls["recur"] > 0 and calls["recur_peak"] > 0
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_recur_special_values_same_bits(dtype, calls):
+    """inf, NaN, subnormals and signed zeros: the same bits as the torch loop (NaN: the same places)."""
+    tiny = torch.finfo(dtype).tiny
+    values = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.5, 2.0, float("inf"), float("-inf"), float("nan"),
+                           tiny / 4, -tiny / 8, tiny, 3e38 if dtype == torch.float32 else 1e308], dtype=dtype)
+    g = _gen(3)
+    n, size = 40, 64
+    decay = values[torch.randint(len(values), (n, size), generator=g)]
+    inp = values[torch.randint(len(values), (n, size), generator=g)]
+    state = values[torch.randint(len(values), (size,), generator=g)]
+    for per_step in (True, False):
+        d = decay if per_step else decay[0]
+        out_c, out_t = torch.empty_like(inp), torch.empty_like(inp)
+        last_c = _loop.recur(d, inp, state, out_c, per_step_decay=per_step)
+        last_t = _torch_only(_loop.recur, d, inp, state, out_t, per_step_decay=per_step)
+        _assert_same((out_c, last_c), (out_t, last_t))
+        last_c = _loop.recur_peak(d.abs(), state, out_c, per_step_decay=per_step)
+        last_t = _torch_only(_loop.recur_peak, d.abs(), state, out_t, per_step_decay=per_step)
+        _assert_same((out_c, last_c), (out_t, last_t))
+    assert calls["recur"] == 2 and calls["recur_peak"] == 2
+
+
+# ----------------------------------------------------------------------------------- no fused FMA
+def _fused_vs_unfused(d: torch.Tensor, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Where ``round(d * p + x)`` (one rounding, an FMA) differs from ``round(round(d * p) + x)``.
+
+    float64: the fused value from exact fractions (float(Fraction) is correctly rounded). float32: from
+    the float64 value of d * p + x (d * p is exact in float64), rounded to float32.
+    """
+    unfused = d * p + x  # two torch kernels: two roundings
+    if d.dtype == torch.float64:
+        fused = torch.tensor([float(Fraction(a) * Fraction(b) + Fraction(c))
+                              for a, b, c in zip(d.tolist(), p.tolist(), x.tolist())], dtype=torch.float64)
+    else:
+        fused = (d.double() * p.double() + x.double()).float()
+    return fused != unfused
+
+
+def _fma_sensitive(dtype: torch.dtype, size: int = 512) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(d, p, x) with ``x`` close to ``-d * p``: the cancellation exposes the product's rounding, so a
+    fused and an unfused multiply-add differ on most elements."""
+    g = _gen(7)
+    d = torch.rand(size, generator=g, dtype=torch.float64).add(0.5).to(dtype)
+    p = torch.rand(size, generator=g, dtype=torch.float64).add(0.5).to(dtype)
+    x = -(d.double() * p.double()).to(dtype) * (1 + torch.finfo(dtype).eps * torch.randint(-2, 3, (size,), generator=g))
+    return d, p, x.to(dtype)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inputs_where_fma_differs_give_the_unfused_result(dtype, calls):
+    """Each multiply-add of each kernel, fed (d, p, x) so that it computes ``d * p + x``: the result is
+    the unfused ``round(round(d * p) + x)`` on every element, where an FMA would differ on most."""
+    d, p, x = _fma_sensitive(dtype)
+    assert _fused_vs_unfused(d, p, x).float().mean() > 0.5, "the inputs must tell fused from unfused"
+    unfused = d * p + x
+    n = len(d)
+    one = torch.ones_like(d)
+    # recur, one step from state p
+    out = torch.empty((1, n), dtype=dtype)
+    _loop.recur(d[None], x[None], p, out)
+    assert torch.equal(out[0], unfused)
+    # the linear recurrence, two steps: h_0 = 0 * 0 + p, h_1 = d * h_0 + x
+    a = torch.stack([torch.zeros_like(d), d], -1)[None]
+    b = torch.stack([p, x], -1)[None]
+    assert torch.equal(linear_recurrence(a, b, compute_dtype=dtype)[0, :, 1], unfused)
+    # retention, the sum over dk (dk = 2, L = 1, dv = 1, v = 1): o = q_0 k_0 + q_1 k_1 = 1 * x + d * p
+    q = torch.stack([one, d], -1).view(1, 1, n, 2)
+    k = torch.stack([x, p], -1).view(1, 1, n, 2)
+    o = retention(q, k, one.view(1, 1, n, 1), gamma=[0.5] * n, scale=1.0, compute_dtype=dtype)
+    assert torch.equal(o.view(n), unfused)
+    # retention, the state update (gamma = 1, dk = dv = 1, q = 1): S_1 = 1 * S_0 + k_1 v_1 = x + d * p
+    o = retention(one.view(1, 1, n, 1).expand(1, 2, n, 1), torch.stack([x, d], 0).view(1, 2, n, 1),
+                  torch.stack([one, p], 0).view(1, 2, n, 1), gamma=[1.0] * n, scale=1.0, compute_dtype=dtype)
+    assert torch.equal(o[0, 1].view(n), unfused)
+    # selective scan, one channel per element (groups = dim, d' = delta = 1):
+    # the sum over N (N = 2, L = 1): h_n = exp(A) * 0 + (1 * 1) B_n = B_n, y = 1 * x + d * p
+    u = one.view(1, n, 1)
+    y = selective_scan(u, u, -torch.ones((n, 2), dtype=dtype), torch.stack([x, p], -1).view(1, n, 2, 1),
+                       torch.stack([one, d], -1).view(1, n, 2, 1), compute_dtype=dtype)
+    assert torch.equal(y.view(n), unfused)
+    # the state update (N = 1, L = 2, A = 0 so exp(d' A) = 1): h_1 = 1 * x + (1 * d) * p, y = 1 * h
+    u = torch.stack([one, d], -1).view(1, n, 2)
+    y = selective_scan(u, torch.ones_like(u), torch.zeros((n, 1), dtype=dtype),
+                       torch.stack([x, p], -1).view(1, n, 1, 2), torch.ones((1, n, 1, 2), dtype=dtype),
+                       compute_dtype=dtype)
+    assert torch.equal(y[0, :, 1], unfused)
+    assert calls["recur"] >= 2 and calls["retention_block"] == 2 and calls["selective_scan_block"] == 2
+
+
+_FMA_ASM = re.compile(r"\b(v?f(n?m(add|sub)\w*)|fmla|fmls|fmadd|fmsub|fnmadd|fnmsub)\b", re.IGNORECASE)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_generated_assembly_has_no_fma(dtype):
+    """Recompiled here without the cache (cached code cannot be inspected), with the module's options."""
+    import numba
+    import numpy as np
+
+    dt = np.dtype("float64" if dtype == torch.float64 else "float32")
+    z = lambda *shape: np.zeros(shape, dtype=dt)  # noqa: E731
+    samples = {
+        "_recur_kernel": (z(3, 4), z(3, 4), z(4), z(3, 4)),
+        "_recur_peak_kernel": (z(3, 4), z(4), z(3, 4), dt.type(1)),
+        "_selective_scan_kernel": (z(2, 4, 5, 3), z(2, 4, 5), z(2, 4, 5), z(2, 1, 5, 3), z(2, 2, 5, 3), z(4),
+                                   True, 4, 2, 0, z(2, 4, 3), z(2, 4, 5)),
+        "_retention_kernel": (z(2), z(1, 5, 2, 3), z(1, 5, 2, 3), z(1, 5, 2, 4), 0, 5, z(1, 2, 3, 4), z(1, 5, 2, 4)),
+    }
+    for name in KERNELS:
+        fresh = numba.njit(fastmath=False, nogil=True)(getattr(_compiled, name).py_func)
+        fresh(*samples[name])
+        asm = "\n".join(fresh.inspect_asm().values())
+        assert re.search(r"\b(v?mul|fmul)", asm, re.IGNORECASE), f"{name}: no multiply found: wrong listing?"
+        found = sorted(set(m.group(0).lower() for m in _FMA_ASM.finditer(asm)))
+        assert not found, f"{name} ({dt}): fused multiply-add instructions {found}"
+
+
+# ------------------------------------------------------------------------------------------ fallback
+@pytest.fixture
+def no_kernels(monkeypatch):
+    """Every compiled wrapper raises: a run that succeeds took the torch loop."""
+    def boom(*args, **kwargs):
+        raise AssertionError("the compiled path was taken")
+
+    for name in WRAPPERS:
+        monkeypatch.setattr(_compiled, name, boom)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_takes_the_torch_loop(dtype, no_kernels):
+    a, b, _ = _linear(0, 2, 3, 50, dtype)
+    assert _loop.compiled(a, b) is None and _loop.fused(a, b) is None
+    assert linear_recurrence(a, b, compute_dtype=dtype).dtype == dtype
+    args, kw = _selective(0, 2, 4, 3, 50, dtype)
+    assert selective_scan(*args, **kw, compute_dtype=dtype).dtype == dtype
+    q, k, v = _retention(0, 1, 50, 2, 4, 4, dtype)
+    assert retention(q, k, v, compute_dtype=dtype).dtype == dtype
+    assert retention_normed(q, k, v, 1e-3, compute_dtype=dtype).dtype == dtype
+
+
+def test_mixed_or_non_cpu_tensors_are_not_compiled():
+    x64 = torch.zeros(3, dtype=torch.float64)
+    assert _loop.compiled(x64, x64.float()) is None
+    assert _loop.compiled(x64, None) is (_compiled if _compiled.AVAILABLE else None)
+    meta = torch.zeros(3, dtype=torch.float64, device="meta")
+    assert _loop.compiled(x64, meta) is None
+
+
+def test_tensors_that_need_a_gradient_are_not_compiled():
+    x = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    with torch.enable_grad():
+        assert _loop.compiled(x) is None
+    with torch.no_grad():
+        assert _loop.compiled(x) is (_compiled if _compiled.AVAILABLE else None)
+
+
+def test_without_numba_every_oracle_runs_in_torch(monkeypatch, no_kernels):
+    monkeypatch.setattr(_compiled, "AVAILABLE", False)
+    for dtype in DTYPES:
+        a, b, h = _linear(1, 2, 3, 40, dtype, h0=True)
+        linear_recurrence(a, b, h, compute_dtype=dtype)
+        args, kw = _selective(1, 2, 4, 3, 40, dtype)
+        selective_scan(*args, **kw, compute_dtype=dtype)
+        q, k, v = _retention(1, 1, 40, 2, 4, 4, dtype)
+        retention(q, k, v, compute_dtype=dtype)
+    linear_recurrence_trace(a.double(), b.double())
+    selective_scan_trace(*(x.double() for x in args), **{k: v.double() if isinstance(v, torch.Tensor) else v
+                                                         for k, v in kw.items()})
+    retention_trace(q.double(), k.double(), v.double())
+
+
+def test_environment_switch_turns_the_compiled_path_off():
+    import subprocess
+    import sys
+
+    code = "from reference_impls import _compiled as c; print(c.AVAILABLE, c.UNAVAILABLE_REASON)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "SEQKERNEL_ORACLE_JIT": "0"})
+    assert out.stdout.strip() == "False SEQKERNEL_ORACLE_JIT=0 is set"
