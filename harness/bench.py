@@ -60,8 +60,15 @@ def ret_inputs(length: int) -> tuple:
 
 
 def _fla_naive() -> Callable:
-    """fla's naive_retention takes (batch, heads, L, d) and computes in float32 internally."""
-    from fla.ops.retention.naive import naive_retention
+    """fla's naive_retention takes (batch, heads, L, d) and computes in float32 internally.
+
+    Imported through the fla adapter, which turns Triton's interpreter on first where there is no GPU:
+    a plain import here would decorate fla's kernels for a GPU, and every Triton kernel imported later
+    in this process (fla's, accelerated-scan's) would then fail to run.
+    """
+    from harness.kernels.fla_adapter import import_fla
+
+    naive_retention = import_fla("fla.ops.retention.naive").naive_retention
 
     def fla_naive(q, k, v):
         t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731  (b, L, h, d) <-> (b, h, L, d)

@@ -71,7 +71,8 @@ _DOT_HEAD_DIMS = None if triton_interpreter.runs_interpreted() else (16, 32, 64,
 _CHUNK_SIZES = (16, 32, 64)  # powers of two (chunk_simple_gla checks), >= 16 for tl.dot
 
 
-def _import_fla(module: str):
+def import_fla(module: str):
+    """Import an fla module the way every fla kernel here must be: the interpreter on first (no GPU)."""
     triton_interpreter.enable_interpreter(_KERNEL_MODULES)
     require_module("triton")
     with warnings.catch_warnings():
@@ -131,28 +132,28 @@ def _finish(name: str, call: Callable, *, chunked: bool = False) -> Callable:
 
 
 def _load_parallel() -> Callable:
-    fn = _import_fla("fla.ops.retention").parallel_retention
+    fn = import_fla("fla.ops.retention").parallel_retention
     return _finish("fla.parallel_retention", lambda q, k, v: fn(q, k, v)[0])
 
 
 def _load_fused_recurrent() -> Callable:
-    fn = _import_fla("fla.ops.retention").fused_recurrent_retention
+    fn = import_fla("fla.ops.retention").fused_recurrent_retention
     return _finish("fla.fused_recurrent_retention", lambda q, k, v: fn(q, k, v)[0])
 
 
 def _load_chunk() -> Callable:
-    fn = _import_fla("fla.ops.retention").chunk_retention
+    fn = import_fla("fla.ops.retention").chunk_retention
     return _finish("fla.chunk_retention", lambda q, k, v, *, chunk_size: fn(q, k, v, chunk_size=chunk_size)[0],
                    chunked=True)
 
 
 def _load_fused_chunk() -> Callable:
-    fn = _import_fla("fla.ops.retention").fused_chunk_retention
+    fn = import_fla("fla.ops.retention").fused_chunk_retention
     return _finish("fla.fused_chunk_retention", lambda q, k, v: fn(q, k, v)[0])
 
 
 def _load_chunk_simple_gla() -> Callable:
-    fn = _import_fla("fla.ops.simple_gla").chunk_simple_gla
+    fn = import_fla("fla.ops.simple_gla").chunk_simple_gla
 
     def call(q, k, v, *, chunk_size):
         batch, length, heads, _ = q.shape
