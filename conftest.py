@@ -8,7 +8,10 @@ import os
 
 from hypothesis import settings
 
+from harness.kernels.triton_interpreter import interpret_if_no_gpu
 from harness.settings import DEFAULT_PROFILE, register_profiles
+
+interpret_if_no_gpu()  # before any test imports triton (see harness/kernels/triton_interpreter.py)
 
 register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", DEFAULT_PROFILE))

@@ -238,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from harness.kernels.triton_interpreter import interpret_if_no_gpu
+
+    interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

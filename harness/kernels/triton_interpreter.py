@@ -7,7 +7,10 @@ Triton packages (``fla``, ``accelerated_scan.scalar``) run where there is no GPU
 1. The choice is made when a kernel is *decorated*, not when it runs: ``triton.jit`` reads
    ``triton.knobs.runtime.interpret`` (which reads the environment variable on each access) and returns
    an ``InterpretedFunction`` or a compiled ``JITFunction``. So the variable must be set before the kernel
-   *package* is imported; importing ``triton`` itself earlier does no harm. `enable_interpreter` sets it
+   package is imported, and before ``triton`` itself: ``triton.language`` defines its own helpers
+   (``tl.cumsum``, ``tl.sigmoid``, ...) with ``@triton.jit`` at import, and a compiled one called from an
+   interpreted kernel fails with "Cannot call @triton.jit'd outside of the scope of a kernel".
+   `interpret_if_no_gpu` sets the variable at start-up (the CLI and the test session call it). `enable_interpreter` sets it
    (for the whole process: every kernel decorated later is interpreted too, which on a machine without a
    GPU is the only way a Triton kernel runs at all) and refuses, with the reason, when the package was
    already imported without it. `is_interpreted` checks one decorated kernel afterwards, and
@@ -84,6 +87,26 @@ def cpu_unavailable_reason() -> str | None:
             f"not set); set {ENV_VAR}=1 before starting Python to run them on the CPU through the interpreter")
 
 
+def interpret_if_no_gpu() -> None:
+    """Set ``TRITON_INTERPRET=1`` at start-up on a machine without CUDA, before anything imports triton.
+
+    Leaves an explicit setting alone, and does nothing once triton is imported (too late to matter).
+    """
+    if "triton" in sys.modules or ENV_VAR in os.environ or torch.cuda.is_available():
+        return
+    os.environ[ENV_VAR] = "1"
+
+
+def _triton_language_interpreted() -> bool:
+    """Whether triton.language's own ``@triton.jit`` helpers were decorated for the interpreter."""
+    try:
+        from triton.language import standard
+    except ImportError:
+        return True
+    helper = getattr(standard, "cdiv", None)
+    return helper is None or is_interpreted(helper)
+
+
 def enable_interpreter(package_modules: Iterable[str]) -> None:
     """Turn the interpreter on for kernels decorated from now on, or say why it is too late.
 
@@ -100,6 +123,11 @@ def enable_interpreter(package_modules: Iterable[str]) -> None:
             f"{ENV_VAR}=1 was set and its kernels were compiled for a GPU; set {ENV_VAR}=1 in the "
             "environment before starting Python (or let the harness adapter import the package first)"
         )
+    if "triton" in sys.modules and not _triton_language_interpreted():
+        raise KernelUnavailable(
+            f"no CUDA device, so Triton kernels need the interpreter, but triton was imported before "
+            f"{ENV_VAR}=1 was set and triton.language's own helpers were compiled for a GPU; set {ENV_VAR}=1 "
+            "in the environment before starting Python (the harness CLI and its pytest session do)")
     os.environ[ENV_VAR] = "1"
     if "triton" in sys.modules:  # a value set earlier through knobs would win over the environment
         try:
