@@ -574,7 +574,10 @@ def _measure(
             if not bool(xf.all()):
                 knf = ~xf
                 n_k_nonfinite += int(knf.sum())
-                near = knf & dom & (ao + thr * bound > info.max_finite)
+                # not a kernel bug either: a non-finite value next to the overflow threshold, or where
+                # the rounding bound is at least the value itself (no significant digit is guaranteed:
+                # e.g. a norm whose input a correct loop may round to all zeros, giving 0/0)
+                near = knf & dom & ((ao + thr * bound > info.max_finite) | (bound - tiny >= ao))
                 dom = dom & ~near
                 bad = knf & dom
                 compared = dom & xf

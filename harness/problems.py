@@ -219,7 +219,7 @@ def data_scale(regime: str, dtype: str, family: Family | str | None = None) -> f
     info = torch.finfo(DTYPE_NAMES[dtype])
     normed = family is not None and Family.parse(family) is Family.RETENTION_NORMED
     if regime == "large":
-        return float(info.max) ** (1 / 6) / 16.0 if normed else float(info.max) ** 0.25 / 4.0
+        return float(info.max) ** (1 / 6) / 64.0 if normed else float(info.max) ** 0.25 / 4.0
     if regime == "tiny":
         return float(info.tiny) ** (1 / 6) * 4.0 if normed else float(info.tiny) ** 0.25 * 4.0
     return 1.0

@@ -347,9 +347,13 @@ def _domain_why(rec: Divergence, name: str, max_finite: float) -> str:
         "output": f"the exact output exceeds {name} max ({max_finite:.3g})",
         "near_overflow": f"the output is within the error bound of {name} max ({max_finite:.3g}) and the kernel overflows",
         "oracle_nonfinite": "the oracle's output or error bound is not finite",
-    }.get(rec.domain_cause, f"{rec.n_out_of_domain} element(s) are out of domain")
+    }.get(rec.domain_cause)
     where = f" from t={t}" if t is not None else ""
     rows = f" in {rec.n_rows_out_of_domain} of {rec.n_rows} rows" if rec.n_rows else ""
+    if what is None:  # no overflow behind it: the kernel is non-finite only where no digit is guaranteed
+        return (f"{rec.n_out_of_domain} element(s){where}{rows} have a rounding bound at least as large as "
+                f"the value itself in {name} (no significant digit is guaranteed; the kernel is non-finite "
+                "there, as a correct loop can be, e.g. a norm of a row rounded to zeros)")
     return f"{what}{where}{rows}, the inputs overflow the dtype even in exact arithmetic"
 
 

@@ -278,10 +278,11 @@ def retention_normed_trace(
     growth = sensitivity(inner.growth) + (dv / 2 + 3) * y_abs
     if kind == "layer":
         growth = growth + dv * o.abs().mean(-1, keepdim=True) / denom
-    # The norm's own intermediates must be representable too: the mean square (o^2 overflows first) and
+    # The norm's own intermediates must be representable too: the sum of squares (o^2 overflows first) and
     # its reciprocal (a mean square + eps that underflows makes 0/0 or x/0). Both join the state peak,
     # so a norm that cannot be evaluated in a dtype is an input-domain finding, not a kernel bug.
-    mean_square = denom.square()
-    norm_peak = torch.maximum(mean_square, mean_square.reciprocal()).expand_as(y)
+    mean_square = denom.square()  # mean(o^2) + eps (for "layer", of the centred o)
+    sum_of_squares = mean_square * dv  # the sum the norm forms before dividing by dv
+    norm_peak = torch.maximum(sum_of_squares, mean_square.reciprocal()).expand_as(y)
     state_peak = torch.maximum(inner.state_peak, torch.cummax(norm_peak, dim=1).values)
     return Trace(out=y, magnitude=magnitude, growth=growth, state_peak=state_peak, decay_peak=inner.decay_peak)

@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from docblock import write_between_markers  # noqa: E402  (scripts/ is on sys.path when run as a script)
+
 BEGIN = "<!-- BEGIN calibration table (scripts/calibrate.py) -->"
 END = "<!-- END calibration table -->"
 DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -358,15 +360,7 @@ def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: floa
     return "\n".join(lines)
 
 
-def write_between_markers(path: Path, block: str) -> None:
-    text = path.read_text() if path.is_file() else ""
-    if BEGIN in text and END in text:
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        text = head + block + tail
-    else:
-        text = (text.rstrip() + "\n\n" if text else "# Calibration of the verdict thresholds\n\n") + block + "\n"
-    path.write_text(text)
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(block)
     else:
-        write_between_markers(Path(args.out), block)
+        write_between_markers(Path(args.out), block, begin=BEGIN, end=END, title="Calibration of the verdict thresholds")
         print(f"wrote {args.out}", file=sys.stderr)
     per_dtype, _, _ = summarize(rows, dtypes)
     return 0 if all(r["false alarms"].startswith("0 ") for r in per_dtype) else 1

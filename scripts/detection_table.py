@@ -30,24 +30,8 @@ BEGIN = "<!-- BEGIN detection table (scripts/detection_table.py) -->"
 END = "<!-- END detection table -->"
 FAILING = ("divergent", "kernel_error")
 
-
-class Timeline:
-    """A store for `check` that notes when each record was taken."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.stamps: list[tuple[float, dict]] = []
-
-    def append(self, record: dict) -> None:
-        self.stamps.append((time.perf_counter() - self.start, record))
-
-
-def n_inputs(record: dict) -> int:
-    """Input elements of the problem a record describes."""
-    from harness.problems import Problem
-
-    names = {f.name for f in dataclasses.fields(Problem)} - {"values"}
-    return Problem(**{k: record[k] for k in names}).n_elements()
+from docblock import write_between_markers  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from tests.planted.search import Timeline, n_inputs  # noqa: E402
 
 
 def run_bug(bug, profile: str, max_length: int | None) -> dict:
@@ -124,15 +108,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def write_between_markers(path: Path, block: str) -> None:
-    text = path.read_text() if path.is_file() else ""
-    if BEGIN in text and END in text:
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        text = head + block + tail
-    else:
-        text = (text.rstrip() + "\n\n" if text else "# Detection of planted bugs\n\n") + block + "\n"
-    path.write_text(text)
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(block)
     else:
-        write_between_markers(Path(args.out), block)
+        write_between_markers(Path(args.out), block, begin=BEGIN, end=END, title="Detection of planted bugs")
         print(f"wrote {args.out}", file=sys.stderr)
     return 0 if all(r["found"] == "yes" for r in rows) else 1
 

@@ -53,3 +53,14 @@ def test_float64_run_is_divergent_at_the_wrong_step():
 def test_the_correct_loop_is_equivalent_on_the_same_case():
     record = run_case(get("intree.sequential_scan"), _problem("float64"))
     assert record["verdict"] == "equivalent", record["why"]
+
+
+def test_nan_where_no_digit_is_guaranteed_is_not_a_kernel_bug():
+    """bfloat16 retention whose q.S cancels below the rounding of its terms: the plain loop rounds the row
+    to zeros and the norm gives 0/0. That is the input's conditioning, not a bug (calibration found it)."""
+    problem = Problem("retention_normed", 56, dtype="bfloat16", regime="large", seed=5, heads=2, dk=8, dv=1,
+                      eps=0.0, batch=2)
+    record = run_case(get("intree.sequential_retention_normed"), problem)
+    assert record["n_kernel_nonfinite"] >= 1
+    assert record["verdict"] == "out_of_domain", record["why"]
+    assert "no significant digit is guaranteed" in record["why"]

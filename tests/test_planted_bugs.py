@@ -36,6 +36,7 @@ from harness.cases import load_case
 from harness.kernels import registry
 from harness.problems import Problem
 from harness.runner import RunOptions, run_case
+from tests.planted.search import Timeline, n_inputs
 from tests.planted.bugs import PLANTED, PlantedBug
 
 PROFILE = "ci"
@@ -44,21 +45,7 @@ MAX_LENGTH = 256
 FAILING = ("divergent", "kernel_error")
 
 
-class Timeline:
-    """A store for `check` that notes when each record was taken (the time to the first failure)."""
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.stamps: list[tuple[float, dict]] = []
-
-    def append(self, record: dict) -> None:
-        self.stamps.append((time.perf_counter() - self.start, record))
-
-
-def _n_inputs(record: dict) -> int:
-    """The number of input elements of a record's problem (the record holds the problem's fields)."""
-    names = {f.name for f in dataclasses.fields(Problem)} - {"values"}
-    return Problem(**{k: record[k] for k in names}).n_elements()
 
 
 def test_the_library_is_big_enough():
@@ -142,18 +129,18 @@ def test_check_finds_the_planted_bug(bug: PlantedBug, tmp_path_factory, record_p
 
     assert found.first is not None
     index, t_found, first_record = found.first
-    shrunk_inputs = _n_inputs(failure)
+    shrunk_inputs = n_inputs(failure)
     record_property("time_to_find_s", round(t_found, 3))
     record_property("time_total_s", round(found.seconds, 3))
     record_property("cases_run", len(result.records))
     record_property("first_length", first_record["length"])
-    record_property("first_n_inputs", _n_inputs(first_record))
+    record_property("first_n_inputs", n_inputs(first_record))
     record_property("shrunk_length", failure["length"])
     record_property("shrunk_n_inputs", shrunk_inputs)
     record_property("verdict", failure["verdict"])
     record_property("cause", failure["cause"])
     print(f"\n{bug.name}: found after {t_found:.2f} s (case {index + 1}), {len(result.records)} cases in "
-          f"{found.seconds:.2f} s; first failing L={first_record['length']} ({_n_inputs(first_record)} inputs), "
+          f"{found.seconds:.2f} s; first failing L={first_record['length']} ({n_inputs(first_record)} inputs), "
           f"shrunk to L={failure['length']} ({shrunk_inputs} inputs, {failure['dtype']}); "
           f"{failure['verdict']} / {failure['cause']}")
 
@@ -176,7 +163,7 @@ def test_shrinking_never_grows_a_case(tmp_path_factory):
         found = search(bug, tmp_path_factory)
         if found.result.passed or found.first is None:
             continue
-        first, shrunk = _n_inputs(found.first[2]), _n_inputs(found.result.failure)
+        first, shrunk = n_inputs(found.first[2]), n_inputs(found.result.failure)
         if shrunk > first:
             grown.append(f"{bug.name}: {first} -> {shrunk} inputs")
     assert not grown, "shrinking made these counterexamples larger than the first failure:\n" + "\n".join(grown)
