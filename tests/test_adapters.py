@@ -25,6 +25,8 @@ import types
 
 import pytest
 import torch
+
+from reference_impls import autograd as ad
 import torch.nn.functional as F
 
 from harness.errors import InvalidArgument, KernelUnavailable
@@ -62,52 +64,18 @@ LOOSER = {
 
 
 def loop_linear_scan(a, b):
-    a, b = a.to(F64), b.to(F64)
-    h = torch.zeros_like(a[..., 0])
-    out = []
-    for t in range(a.shape[-1]):
-        h = a[..., t] * h + b[..., t]
-        out.append(h)
-    return torch.stack(out, dim=-1)
+    """The plain float64 loop (`reference_impls.autograd`, the oracle's definition written out of place)."""
+    return ad.linear_recurrence(a.to(F64), b.to(F64))
 
 
 def loop_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
-    u, delta, A, B, C = (x.to(F64) for x in (u, delta, A, B, C))
-    batch, dim, length = u.shape
-    if B.dim() == 4:
-        B = B.repeat_interleave(dim // B.shape[1], dim=1)
-        C = C.repeat_interleave(dim // C.shape[1], dim=1)
-    else:
-        B = B[:, None].expand(batch, dim, *B.shape[1:])
-        C = C[:, None].expand(batch, dim, *C.shape[1:])
-    if delta_bias is not None:
-        delta = delta + delta_bias.to(F64)[:, None]
-    if delta_softplus:
-        delta = F.softplus(delta)
-    h = torch.zeros(batch, dim, A.shape[1], dtype=F64)
-    ys = []
-    for t in range(length):
-        d = delta[:, :, t, None]
-        h = torch.exp(d * A) * h + d * B[:, :, :, t] * u[:, :, t, None]
-        ys.append((C[:, :, :, t] * h).sum(-1))
-    y = torch.stack(ys, dim=-1)
-    if D is not None:
-        y = y + D.to(F64)[:, None] * u
-    if z is not None:
-        y = y * F.silu(z.to(F64))
-    return y
+    up = lambda x: None if x is None else x.to(F64)  # noqa: E731
+    return ad.selective_scan(*(up(x) for x in (u, delta, A, B, C)), D=up(D), z=up(z), delta_bias=up(delta_bias),
+                             delta_softplus=delta_softplus)
 
 
 def loop_retention(q, k, v, gamma, scale):
-    q, k, v = q.to(F64), k.to(F64), v.to(F64)
-    batch, length, heads, dk = q.shape
-    g = torch.tensor(list(gamma), dtype=F64).reshape(-1, 1, 1)
-    state = torch.zeros(batch, heads, dk, v.shape[-1], dtype=F64)
-    out = []
-    for t in range(length):
-        state = g * state + k[:, t, :, :, None] * v[:, t, :, None, :]
-        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
-    return torch.stack(out, dim=1)
+    return ad.retention(q.to(F64), k.to(F64), v.to(F64), list(gamma), scale)
 
 
 def _oracle(module: str, attr: str):
