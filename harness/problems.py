@@ -44,9 +44,6 @@ REGIMES: dict[Family, tuple[str, ...]] = {
     Family.RETENTION_NORMED: ("trained", "large", "tiny", "ramp"),
 }
 
-#: Regimes whose inputs may overflow the dtype by design (judged out_of_domain, not divergent).
-OVERFLOWING_REGIMES = frozenset({"unstable", "large"})
-
 #: Largest number of elements a problem may carry as explicit ``values`` (hypothesis-drawn cases).
 MAX_EXPLICIT_ELEMENTS = 4096
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
-from harness.kernels.guard import DEFAULT_TIMEOUT_S, Outcome, call_guarded
+from harness.kernels.guard import DEFAULT_TIMEOUT_S, call_guarded
 from harness.problems import Problem
 from harness.verdict import Judgement, Policy, Verdict, judge
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from harness.errors import InvalidArgument
 from harness.kernels.contract import Family, KernelSpec, Lengths
-from harness.problems import OVERFLOWING_REGIMES, REGIMES, Problem, data_scale
+from harness.problems import REGIMES, Problem, data_scale
 from harness.settings import limits as profile_limits
 
 #: Lengths worth trying first: small values, powers of two and their neighbours, primes.
@@ -152,7 +152,3 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
     if want_values and regime not in ("ramp",) and problem.n_elements() <= EXPLICIT_MAX_ELEMENTS:
         problem = problem.replace(values=draw(explicit_values(problem)), seed=0)
     return problem
-
-
-def is_expected_overflow_regime(regime: str) -> bool:
-    return regime in OVERFLOWING_REGIMES

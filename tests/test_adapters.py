@@ -11,7 +11,7 @@ against stand-ins with the package's documented semantics (mamba-ssm cannot be i
 the autotuner pinning and the interpreter switch of `harness.kernels.triton_interpreter`; and that
 importing the adapter modules imports no third-party package.
 
-The definition is `reference_impls` when it imports; until then the small float64 loops below stand in.
+The definition is `reference_impls`: the oracles, and their out-of-place loops in `reference_impls.autograd`.
 The Triton interpreter is slow: shapes are tiny (the whole module runs in well under 90 s on 2 cores).
 """
 
@@ -25,9 +25,9 @@ import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from reference_impls import autograd as ad
-import torch.nn.functional as F
 
 from harness.errors import InvalidArgument, KernelUnavailable
 from harness.kernels import (

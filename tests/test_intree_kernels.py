@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from reference_impls import autograd as ad
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -14,7 +14,6 @@ eps = 0): on the seed's input the forms are `divergent` through the norm's eps o
 from __future__ import annotations
 
 import pytest
-import torch
 
 from harness.kernels.contract import KernelSpec
 from harness.kernels.registry import get
