@@ -194,7 +194,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     line = f"seqkernel-harness {__version__}: report dir {where}"
     if state.options.baseline:
         line += f", baseline {state.options.baseline} (fail on {state.options.fail_on or 'default'})"
-    return [line]
+    from harness.settings import active_profile, limits
+
+    profile = active_profile()
+    lim = limits(profile)
+    return [line, f"seqkernel-harness hypothesis profile {profile!r}: up to {lim.max_examples} examples per "
+                  f"kernel, lengths up to {lim.max_length} ({lim.slow_max_examples} and {lim.slow_max_length} "
+                  "for interpreted kernels)"]
 
 
 # ------------------------------------------------------------------------------------------ fixtures

@@ -226,3 +226,11 @@ def harness_version() -> str:
     from harness import __version__
 
     return __version__
+
+
+@pytest.mark.parametrize("profile", ["dev", "nightly"])
+def test_the_header_shows_the_hypothesis_profile_and_its_limits(pytester, profile):
+    pytester.makepyfile(test_plain="def test_nothing():\n    assert True\n")
+    pytester.makeconftest("from harness.settings import register_profiles\nregister_profiles()\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--hypothesis-profile={profile}")
+    result.stdout.fnmatch_lines([f"seqkernel-harness hypothesis profile '{profile}': up to *"])
