@@ -29,7 +29,7 @@ import torch
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import RunOptions, call_args, run_case
+from harness.runner import RunOptions, call_args, output_shape, run_case
 from harness.verdict import judge
 from reference_impls.trace import Trace
 
@@ -108,7 +108,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     inputs = problem.make_inputs()
     names = tuple(n for n in GRAD_INPUTS[problem.family] if n in inputs)
     fn = spec.callable()
-    g = cotangent(problem, tuple(forward_shape(problem)))
+    g = cotangent(problem, output_shape(problem))
     precision = spec.capabilities.precision(problem.dtype)
 
     def kernel(x):
@@ -156,9 +156,3 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                       kernel=f"{spec.name}:grad[{name}]", t_kernel=round(t_kernel, 6))
         records.append(record)
     return records
-
-
-def forward_shape(problem: Problem) -> tuple[int, ...]:
-    from harness.runner import output_shape
-
-    return output_shape(problem)

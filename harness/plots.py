@@ -49,6 +49,14 @@ def _series_key(r: Mapping[str, Any]) -> tuple[str, str]:
     return (str(r.get("kernel")), str(r.get("dtype")))
 
 
+def _by_series(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """Records grouped by their line in a figure (kernel x dtype), in record order."""
+    series: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        series.setdefault(_series_key(r), []).append(r)
+    return series
+
+
 def _style(index: int) -> dict[str, Any]:
     import matplotlib
 
@@ -98,9 +106,7 @@ def plot_error_vs_length(records: Sequence[Mapping[str, Any]], family: str, path
     if not recs:
         return None
     fig, ax = _new_figure()
-    series: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for r in recs:
-        series.setdefault(_series_key(r), []).append(r)
+    series = _by_series(recs)
     handles, verdicts = [], set()
     for i, (key, rs) in enumerate(sorted(series.items())):
         style = _style(i)
@@ -157,9 +163,7 @@ def plot_error_vs_eps(records: Sequence[Mapping[str, Any]], path: str | os.PathL
         return eps if eps > 0 else zero_x
 
     fig, ax = _new_figure()
-    series: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for r in recs:
-        series.setdefault(_series_key(r), []).append(r)
+    series = _by_series(recs)
     handles, verdicts = [], set()
     for i, (key, rs) in enumerate(sorted(series.items())):
         style = _style(i)
@@ -207,9 +211,7 @@ def plot_onset(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) ->
     if not recs:
         return None
     fig, ax = _new_figure()
-    series: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for r in recs:
-        series.setdefault(_series_key(r), []).append(r)
+    series = _by_series(recs)
     handles, verdicts = [], set()
     from matplotlib.lines import Line2D
 
