@@ -63,7 +63,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from harness import dtypes
+from harness import _compiled_measure, dtypes
 from harness.errors import InvalidArgument
 
 #: The condition-normalized error above which an element counts as mismatched. 1.0 is the a-priori
@@ -285,13 +285,21 @@ class _ScaledSum:
 def _quantiles(a: np.ndarray, qs: Sequence[float]) -> list[float]:
     """Nearest-rank quantiles (the ``ceil(q n)``-th smallest value) of a 1-D float64 array.
 
-    For large inputs each quantile is found in a narrow band estimated from a strided sample and
-    checked by counting, so the result is exact and costs a few passes instead of a full partition.
+    Large arrays of non-negative values (the cond and ULP errors) go to `_compiled_measure.select`;
+    without numba, each quantile is found in a narrow band estimated from a strided sample and checked
+    by counting. Either way the result is exact and costs a few passes instead of a full partition.
     """
     n = a.size
     if n == 0:
         return [math.nan for _ in qs]
     ranks = [min(n - 1, max(0, math.ceil(q * n) - 1)) for q in qs]
+    if n <= 65_536:
+        part = np.partition(a, sorted(set(ranks)))
+        return [float(part[r]) for r in ranks]
+    if _compiled_measure.AVAILABLE:
+        picked = _compiled_measure.select(a, ranks)
+        if picked is not None:
+            return picked
     if n <= 262_144:
         part = np.partition(a, sorted(set(ranks)))
         return [float(part[r]) for r in ranks]
@@ -499,9 +507,8 @@ def _measure(
     def flat(t: torch.Tensor) -> torch.Tensor:  # (rows, L), a view where the layout allows
         return t.detach().movedim(la, -1).reshape(rows, length)
 
-    T_out, T_mag, T_gro = flat(ref), flat(trace.magnitude), flat(trace.growth)
-    T_sp, T_dp, X = flat(trace.state_peak), flat(trace.decay_peak), flat(x)
-    B = flat(b) if b is not None else None
+    def cube(t: torch.Tensor) -> torch.Tensor:  # (axes before the length, L, axes after): a view
+        return t.detach().reshape(rows // math.prod(shape[la + 1 :]), length, -1)
 
     limit = info.max_finite / (1.0 + depth * u)
     tiny = info.smallest_normal
@@ -527,8 +534,30 @@ def _measure(
     b_cond_max = b_max_abs = -1.0
 
     sub_half = info.smallest_subnormal / 2  # |out| at or below this rounds to zero on the grid
+    # the common case (everything in range) in one compiled pass; None: the chunks below handle it
+    fs = _compiled_measure.fast_pass(
+        *(cube(t) for t in (ref, x, trace.magnitude, trace.growth, trace.state_peak, trace.decay_peak)),
+        cube(b) if b is not None else None, grid=grid, depth=depth, u=u, tiny=tiny, thr=thr, limit=limit,
+        max_finite=info.max_finite, sub_half=sub_half, cond_vals=cond_vals, ulp_vals=ulp_vals,
+        per_t_cond=(fast_cond := per_t_cond.clone()), per_t_abs=(fast_abs := per_t_abs.clone()),
+        mismatch_t=(fast_mismatch := mismatch_t.clone()))
+    if fs is not None:
+        n_in_domain = n_compared = n_elements
+        n_over, n_underflow, ulp_max = fs.n_over, fs.n_underflow, fs.ulp_max
+        max_abs, max_rel, cond_max = fs.max_abs, fs.max_rel, fs.cond_max
+        worst_cond = (fs.cond_max, fs.worst_row, fs.worst_t)
+        for acc, s in ((norm_ref, fs.sum_ref2), (norm_diff, fs.sum_diff2), (norm_x, fs.sum_x2), (dot, fs.sum_xo)):
+            acc.add(s, 0)
+        per_t_cond, per_t_abs, mismatch_t = fast_cond, fast_abs, fast_mismatch
+        sp_max, dp_max = fs.state_peak_max, fs.decay_peak_max
+        b_max_abs, b_cond_max, b_over = fs.baseline_max_abs, fs.baseline_cond_max, fs.baseline_over
+    else:  # the general code, on (rows, L) views (copies where the layout does not allow a view)
+        T_out, T_mag, T_gro = flat(ref), flat(trace.magnitude), flat(trace.growth)
+        T_sp, T_dp, X = flat(trace.state_peak), flat(trace.decay_peak), flat(x)
+        B = flat(b) if b is not None else None
+
     step = max(1, CHUNK_ELEMENTS // max(length, 1))
-    for r0 in range(0, rows, step):
+    for r0 in range(0, rows, step) if fs is None else ():
         r1 = min(rows, r0 + step)
         # contiguous chunks (a (batch, L, heads, dv) layout flattens to a strided view)
         o = T_out[r0:r1].to(f64).contiguous()
@@ -727,8 +756,9 @@ def _measure(
         row_shape = shape[:la] + shape[la + 1 :]
         index = [int(i) for i in np.unravel_index(r, row_shape)] if row_shape else []
         index.insert(la, int(t))
-        xo, oo = float(X[r, t]), float(T_out[r, t])
-        bo = u * (float(T_gro[r, t]) + depth * float(T_mag[r, t])) + tiny
+        at = tuple(index)
+        xo, oo = float(x[at]), float(ref[at])
+        bo = u * (float(trace.growth[at]) + depth * float(trace.magnitude[at])) + tiny
         fields.update(
             worst_index=tuple(index),
             worst_t=int(t),
@@ -776,14 +806,15 @@ def _measure(
         first_nonfinite_t=first_bad[0] if first_bad is not None else None,
         n_expected_underflow=n_underflow,
         domain_onset_t=onset,
-        domain_cause=_domain_cause(onset, T_out, T_gro, T_mag, T_sp, T_dp, X, limit, u, depth, tiny, thr, info),
+        domain_cause="none" if onset is None else _domain_cause(
+            onset, T_out, T_gro, T_mag, T_sp, T_dp, X, limit, u, depth, tiny, thr, info),
         state_peak_max=sp_max,
         decay_peak_max=dp_max,
     )
 
     # -- the baseline ---------------------------------------------------------------------------------
     fields["baseline_problem"] = b_problem
-    if B is not None:
+    if b is not None:
         if b_nf:
             bcm = inf
         elif b_cond_max >= 0:

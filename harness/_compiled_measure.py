@@ -1,0 +1,310 @@
+"""`harness.metrics.measure`'s common case in one compiled pass, and exact quantiles by radix selection.
+
+Most cases are entirely in the dtype's range: every element is in domain, the kernel's output is finite
+and every sum of squares is safe. For those, `measure`'s chunked torch code makes some twenty
+elementwise passes over the output, the trace and the baseline; `fast_pass` makes one, reading each
+array once in its memory order, and fills the same accumulators. When anything is out of the ordinary
+(a non-finite value, an element out of domain, sums that need rescaling) it gives up and returns None,
+and `measure` runs its general torch code, which handles every case. The two give the same numbers:
+the counts, maxima, positions, quantiles and per-position maxima exactly (the same IEEE operations
+on the same values, in float64, without fastmath, so without fused multiply-adds), and the norm-based
+fields (``rms_ratio``, ``cosine``) to rounding, since a sum of a million squares is added in a
+different order (``tests/test_metrics.py`` compares both paths field by field).
+
+`select` finds nearest-rank quantiles of non-negative float64 values exactly: a histogram of the top
+16 bits of each value's bit pattern (whose integer order is the values' order) names the bin holding
+the rank, and only that bin's values are sorted.
+
+numba is a dependency of the oracles already (``reference_impls._compiled``). Setting the environment
+variable ``SEQKERNEL_MEASURE_JIT=0`` before import turns this module off (`AVAILABLE` is False).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - the torch code runs instead
+    numba = None
+
+__all__ = ["AVAILABLE", "FastSums", "fast_pass", "select"]
+
+_DISABLED = os.environ.get("SEQKERNEL_MEASURE_JIT", "1").strip().lower() in ("0", "off", "false", "no")
+
+#: True when the compiled pass can run in this process (numba imported, not turned off).
+AVAILABLE: bool = numba is not None and not _DISABLED
+
+#: Plain sums of squares are safe when every |value| lies in (SAFE_LO, SAFE_HI) or is 0 (the same test
+#: as `measure`'s torch code).
+SAFE_LO, SAFE_HI = 1e-100, 1e140
+
+_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}
+
+#: `select` histograms 16 bits of the values' patterns at a time, from the top (sign, exponent and 4
+#: mantissa bits), and sorts a bin once it holds at most `_SMALL_BIN` values.
+_BINS = 1 << 15
+_SHIFT = 48
+_SMALL_BIN = 1 << 14
+_INF_BITS = int(np.array(np.inf).view(np.int64))
+
+
+class FastSums(NamedTuple):
+    """What one `fast_pass` accumulated over every element (all of them in domain and compared)."""
+
+    n_over: int  # cond > threshold
+    max_abs: float
+    max_rel: float  # over |out| > smallest normal; -1 when there is none
+    cond_max: float
+    worst_row: int  # first element (row-major over (rows, L)) with cond == cond_max
+    worst_t: int
+    ulp_max: float
+    sum_ref2: float  # sum of out^2
+    sum_diff2: float
+    sum_x2: float
+    sum_xo: float
+    n_underflow: int
+    state_peak_max: float
+    decay_peak_max: float
+    baseline_max_abs: float  # -1 without a baseline
+    baseline_cond_max: float
+    baseline_over: int
+
+
+if numba is not None:
+    _jit = numba.njit(cache=True, fastmath=False, nogil=True)
+
+    @_jit
+    def _pass_kernel(O, X, XB, RB, MAG, GRO, SP, DP, BL, has_b, depth, u, tiny, thr, limit, max_finite,
+                     sub_half, top, cond_vals, ulp_vals, per_t_cond, per_t_abs, mismatch_t, stats):  # pragma: no cover
+        # Every array is (P, L, Q): the output with the axes before the length merged into P and those
+        # after it into Q, walked in that (memory) order; element (p, t, q) is row r = p Q + q of
+        # `measure`'s (rows, L) view. Returns False as soon as an element needs the general code.
+        n_p, length, n_q = O.shape
+        n_over = 0
+        n_under = 0
+        b_over = 0
+        k = 0
+        max_abs = -1.0
+        max_rel = -1.0
+        cond_max = -1.0
+        best = -1
+        ulp_max = -1.0
+        s_oo = 0.0
+        s_dd = 0.0
+        s_xx = 0.0
+        s_xo = 0.0
+        sp_max = -np.inf
+        dp_max = -np.inf
+        o_hi = 0.0
+        b_hi = 0.0
+        b_max_abs = -1.0
+        b_cond_max = -1.0
+        for p in range(n_p):
+            for t in range(length):
+                for q in range(n_q):
+                    sp = SP[p, t, q]
+                    dp = DP[p, t, q]
+                    m = MAG[p, t, q]
+                    if not (sp <= limit and dp <= limit and m <= limit):
+                        return False
+                    o = O[p, t, q]
+                    x = np.float64(X[p, t, q])  # (a float32 x * x would round in float32)
+                    bound = (m * depth + GRO[p, t, q]) * u + tiny
+                    d = abs(x - o)
+                    ao = abs(o)
+                    if not (bound < np.inf and d < np.inf):
+                        return False
+                    o_hi = max(o_hi, ao)
+                    b_hi = max(b_hi, bound)
+                    sp_max = max(sp_max, sp)
+                    dp_max = max(dp_max, dp)
+                    c = d / bound
+                    if c > thr:
+                        n_over += 1
+                        mismatch_t[t] = True
+                    per_t_cond[t] = max(per_t_cond[t], c)
+                    per_t_abs[t] = max(per_t_abs[t], d)
+                    idx = (p * n_q + q) * length + t  # row-major over (rows, L): ties go to the first
+                    if c > cond_max or (c == cond_max and idx < best):
+                        cond_max = c
+                        best = idx
+                    max_abs = max(max_abs, d)
+                    if ao > tiny:
+                        max_rel = max(max_rel, d / ao)
+                    s_oo += o * o
+                    s_dd += d * d
+                    s_xx += x * x
+                    s_xo += x * o
+                    # the ULP distance on the dtype's grid, as harness.dtypes.grid_distance
+                    bx = np.int64(XB[p, t, q])
+                    by = np.int64(RB[p, t, q])
+                    if (bx ^ by) < 0:
+                        ulp = float(bx & top) + float(by & top)
+                    else:
+                        ulp = float(abs(bx - by))
+                    ulp_max = max(ulp_max, ulp)
+                    cond_vals[k] = c
+                    ulp_vals[k] = ulp
+                    k += 1
+                    if x == 0 and o != 0 and ao <= sub_half:
+                        n_under += 1
+                    if has_b:
+                        bd = abs(np.float64(BL[p, t, q]) - o)
+                        if not (bd < np.inf):
+                            return False
+                        bc = bd / bound
+                        b_max_abs = max(b_max_abs, bd)
+                        b_cond_max = max(b_cond_max, bc)
+                        if bc > thr:
+                            b_over += 1
+        # the torch code's own test for its fast path, on the maxima
+        if not (o_hi + b_hi <= max_finite):
+            return False
+        stats[0] = n_over
+        stats[1] = max_abs
+        stats[2] = max_rel
+        stats[3] = cond_max
+        stats[4] = best
+        stats[5] = ulp_max
+        stats[6] = s_oo
+        stats[7] = s_dd
+        stats[8] = s_xx
+        stats[9] = s_xo
+        stats[10] = n_under
+        stats[11] = sp_max
+        stats[12] = dp_max
+        stats[13] = b_max_abs
+        stats[14] = b_cond_max
+        stats[15] = b_over
+        stats[16] = o_hi
+        return True
+
+    @_jit
+    def _histogram(bits, shift, prefix, hist, lo, hi):  # pragma: no cover - compiled
+        # Count the patterns whose bits above ``shift + 16`` equal ``prefix`` (all of them at the top
+        # level) by their next 16 bits, with each bin's least and greatest pattern.
+        hist[:] = 0
+        top = shift == _SHIFT  # (a shift by 64 bits is undefined)
+        for v in bits:
+            if top and not 0 <= v <= _INF_BITS:  # a negative number, -0.0 or NaN: not ordered by pattern
+                return False
+            if top or (v >> (shift + 16)) == prefix:
+                b = (v >> shift) & 0xFFFF
+                if hist[b] == 0 or v < lo[b]:
+                    lo[b] = v
+                if hist[b] == 0 or v > hi[b]:
+                    hi[b] = v
+                hist[b] += 1
+        return True
+
+    @_jit
+    def _select_kernel(bits, ranks, out):  # pragma: no cover - compiled
+        # bits: the int64 patterns of non-negative float64 values without NaN (their order is the
+        # values' order; False for any other pattern); out[q] = the ranks[q]-th smallest pattern. Radix selection, 16 bits a level
+        # from the top: keep the bin that holds the rank until its values are all equal (ties: ULP
+        # distances, zeros) or few enough to sort.
+        nbins = _BINS << 1
+        hist0 = np.zeros(nbins, dtype=np.int64)
+        lo0 = np.zeros(nbins, dtype=np.int64)
+        hi0 = np.zeros(nbins, dtype=np.int64)
+        if not _histogram(bits, _SHIFT, 0, hist0, lo0, hi0):
+            return False
+        hist = np.zeros(nbins, dtype=np.int64)
+        lo = np.zeros(nbins, dtype=np.int64)
+        hi = np.zeros(nbins, dtype=np.int64)
+        for q in range(ranks.size):
+            r = ranks[q]
+            prefix = 0
+            shift = _SHIFT
+            h, bl, bh = hist0, lo0, hi0
+            while True:
+                b = 0
+                while r >= h[b]:
+                    r -= h[b]
+                    b += 1
+                prefix = (prefix << 16) | b
+                if bl[b] == bh[b]:  # every value in the bin is the same (at the last level always)
+                    out[q] = bl[b]
+                    break
+                if h[b] <= _SMALL_BIN:
+                    inbin = np.empty(h[b], dtype=np.int64)
+                    n = 0
+                    for v in bits:
+                        if (v >> shift) == prefix:
+                            inbin[n] = v
+                            n += 1
+                    out[q] = np.sort(inbin)[r]
+                    break
+                shift -= 16
+                _histogram(bits, shift, prefix, hist, lo, hi)
+                h, bl, bh = hist, lo, hi
+        return True
+
+
+def select(values: np.ndarray, ranks: Sequence[int]) -> list[float] | None:
+    """The ``ranks[q]``-th smallest (0-based) of ``values``, a 1-D float64 array, exactly, in two or three
+    passes; None unless every value is a non-negative number (+0.0 to +inf: `measure`'s cond and ULP
+    errors), whose bit patterns are ordered like the values."""
+    bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64)
+    out = np.empty(len(ranks), dtype=np.int64)
+    if not _select_kernel(bits, np.asarray(ranks, dtype=np.int64), out):
+        return None
+    return [float(v) for v in out.view(np.float64)]
+
+
+def _grid_bits(t: torch.Tensor, grid: torch.dtype) -> np.ndarray:
+    """The bit patterns of ``t`` rounded to ``grid``, as a numpy view (strides kept where no rounding is
+    needed)."""
+    if t.dtype != grid:
+        t = t.to(grid)
+    return t.view(_INT_VIEW[grid]).numpy()
+
+
+def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Tensor, SP: torch.Tensor,
+              DP: torch.Tensor, BL: torch.Tensor | None, *, grid: torch.dtype, depth: int, u: float,
+              tiny: float, thr: float, limit: float, max_finite: float, sub_half: float,
+              cond_vals: np.ndarray, ulp_vals: np.ndarray, per_t_cond: torch.Tensor,
+              per_t_abs: torch.Tensor, mismatch_t: torch.Tensor) -> FastSums | None:
+    """`measure`'s accumulators in one pass, or None where its general code must run.
+
+    Every tensor is a (P, L, Q) view of the output's layout (see `_pass_kernel`). O, MAG, GRO, SP, DP:
+    the float64 trace; X: the kernel output in the case's dtype ``grid``; BL: the baseline or None.
+    Fills ``cond_vals``/``ulp_vals`` (every element) and the per-position tensors (also when it gives up).
+    """
+    if not AVAILABLE or X.dtype != grid or grid not in _INT_VIEW:
+        return None
+    if any(t.dtype != torch.float64 for t in (O, MAG, GRO, SP, DP)):
+        return None
+    if any(t.device.type != "cpu" for t in (O, MAG, GRO, SP, DP, X, BL) if t is not None):
+        return None
+    x64 = X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float64)
+    has_b = BL is not None
+    if has_b and BL.dtype not in (torch.float32, torch.float64):
+        BL = BL.to(torch.float64)
+    bl = BL if has_b else torch.zeros((1, 1, 1), dtype=torch.float64)
+    stats = np.zeros(17, dtype=np.float64)
+    top = int(torch.iinfo(_INT_VIEW[grid]).max)
+    ok = _pass_kernel(O.numpy(), x64.numpy(), _grid_bits(X, grid), _grid_bits(O, grid),
+                      *(t.numpy() for t in (MAG, GRO, SP, DP)), bl.numpy(), has_b,
+                      float(depth), u, tiny, thr, limit, max_finite, sub_half, top, cond_vals, ulp_vals,
+                      per_t_cond.numpy(), per_t_abs.numpy(), mismatch_t.numpy(), stats)
+    if not ok:
+        return None
+    o_hi, d_hi = stats[16], stats[1]
+    if not all((v == 0 or v > SAFE_LO) and v < SAFE_HI for v in (o_hi, d_hi)):
+        return None  # sums of squares need the torch code's rescaling
+    length = O.shape[1]
+    best = int(stats[4])
+    return FastSums(
+        n_over=int(stats[0]), max_abs=float(stats[1]), max_rel=float(stats[2]), cond_max=float(stats[3]),
+        worst_row=best // length, worst_t=best % length, ulp_max=float(stats[5]), sum_ref2=float(stats[6]),
+        sum_diff2=float(stats[7]), sum_x2=float(stats[8]), sum_xo=float(stats[9]), n_underflow=int(stats[10]),
+        state_peak_max=float(stats[11]), decay_peak_max=float(stats[12]), baseline_max_abs=float(stats[13]),
+        baseline_cond_max=float(stats[14]), baseline_over=int(stats[15]),
+    )
