@@ -19,14 +19,33 @@ replaces, in the same order, each rounded in the tensors' dtype:
 - `retention_block`: ``S = gamma * S + k_i * v_j`` and ``o_j = (q_0 S_0j + q_1 S_1j) + ...`` (the sum
   over i left to right; the ``* scale`` stays in torch).
 
+The traces (`reference_impls.trace`, float64) have kernels of their own, which do the plain kernel's
+step and, in the same pass, every companion the torch trace loop computes for that step:
+
+- `linear_recurrence_trace` (the whole sequence in one call): ``h = a * h + b``, ``H = |a| * H + |b|``,
+  ``W = |a| * W + H``, ``P = max(P, 1) * |a|``, and the running maxima of ``|h|`` and of P;
+- `selective_scan_trace_block`: per n ``h = decay * h + (d' u) B``, ``H = decay * H + |(d' u) B|``,
+  ``W = decay * W + H``, ``P = max(P, 1) * decay``; then y as above, magnitude ``sum_n |C_n| H_n + |D u|``,
+  growth ``(sum_n |C_n| W_n + N * sum_n |C_n| H_n) + |D u|`` (sums left to right), state_peak the
+  running maximum of every ``|h_n|`` and of the magnitude, decay_peak that of every P_n (the gate
+  stays in torch);
+- `retention_trace_block`: per row i ``S_i = gamma * S_i + k_i v``, ``H_i = |gamma| * H_i + |k_i v|``,
+  ``W_i = |gamma| * W_i + H_i``, with ``q_i S_i``, ``|q_i| H_i``, ``|q_i| W_i`` summed over i left to
+  right; ``P = max(P, 1) * |gamma|`` per head; state_peak the running maximum over i and the steps of
+  ``|S_ij|``, decay_peak that of P (``* scale``, ``* |scale|`` and ``+ dk * magnitude`` stay in torch).
+
+A running maximum is exact, so only its NaN behaviour has to match: NaN once seen stays (as
+``torch.amax``, ``cummax`` and ``maximum`` give), whatever the order of the elements.
+
 Only the order of *independent* elements differs (e.g. a channel's whole block of steps before the
-next channel's), which changes no rounded value. IEEE-754 multiplication and addition are correctly
+next channel's, or a trace kernel's recurrences of one step before its sums), which changes no
+rounded value. IEEE-754 multiplication and addition are correctly
 rounded, so scalar, SSE, AVX2 and AVX-512 code give the same bits; the one thing that could change
 them is contraction of ``a * b + c`` into a fused multiply-add. numba emits LLVM ``fmul``/``fadd``
 without the ``contract`` flag unless ``fastmath`` is set (it is not here), so LLVM never fuses them;
 ``tests/test_oracle_compiled.py`` checks the assembly for FMA instructions and runs inputs on which a
 fused and an unfused step differ. Float32 stays float32: no float literal (a float64 in numba) enters
-the arithmetic; the ``1`` of `recur_peak` is passed in the array's dtype.
+the arithmetic; the ``1`` of the decay peak and the N of growth are passed in the arrays' dtype.
 
 Where it applies (`usable`): numba importable, every tensor on the CPU, float32 or float64, and no
 gradient being recorded (autograd cannot see through the compiled loops; the oracles run under
@@ -62,6 +81,9 @@ __all__ = [
     "recur_peak",
     "selective_scan_block",
     "retention_block",
+    "linear_recurrence_trace",
+    "selective_scan_trace_block",
+    "retention_trace_block",
 ]
 
 _DISABLED = os.environ.get("SEQKERNEL_ORACLE_JIT", "1").strip().lower() in ("0", "off", "false", "no")
@@ -72,9 +94,9 @@ AVAILABLE: bool = numba is not None and not _DISABLED
 UNAVAILABLE_REASON: str = (
     "" if AVAILABLE else "SEQKERNEL_ORACLE_JIT=0 is set" if _DISABLED else "numba is not installed"
 )
-#: Use the fused block kernels (`selective_scan_block`, `retention_block`) where an oracle has one.
-#: With False only `recur` and `recur_peak` are compiled: kept so that ``harness.bench`` can measure
-#: the two choices side by side.
+#: Use the fused kernels (`selective_scan_block`, `retention_block` and the three trace kernels) where
+#: an oracle has one. With False only `recur` and `recur_peak` are compiled: kept so that
+#: ``harness.bench`` can measure the two choices side by side.
 FUSED: bool = True
 
 #: The dtypes the compiled loops handle (numba has no half-precision arithmetic).
@@ -105,6 +127,9 @@ def _np(t: torch.Tensor) -> np.ndarray:
 # --------------------------------------------------------------------------------------- kernels
 if numba is not None:
     _jit = numba.njit(cache=True, fastmath=False, nogil=True)
+    # For the small helpers the kernels share: inlined by numba itself, so that LLVM optimizes (and
+    # vectorizes) each kernel as one function (helpers left as calls made kernels up to 2x slower).
+    _inline = numba.njit(cache=True, fastmath=False, nogil=True, inline="always")
 
     @_jit
     def _recur_kernel(decay, inp, prev, out):  # pragma: no cover - compiled
@@ -120,6 +145,24 @@ if numba is not None:
                 o[s] = m + x[s]
             prev = o
 
+    @_inline
+    def _peak_step(p, a, one):  # pragma: no cover - compiled
+        # max(p, 1) * a, NaN propagating (torch.clamp_min, then mul_).
+        if not (p >= one or p != p):  # p < 1 (NaN stays NaN, as in clamp_min)
+            p = one
+        return p * a
+
+    @_inline
+    def _running_max(m, x):  # pragma: no cover - compiled
+        # max(m, x), NaN propagating and then kept (torch.amax, cummax and maximum all propagate NaN).
+        return x if x > m or x != x else m
+
+    @_inline
+    def _sum_step(acc, term, first):  # pragma: no cover - compiled
+        # The next partial sum of a left-to-right sum: the first term itself (not 0 + term, which would
+        # turn -0 into +0, as `_loop.seq_sum` does not), then acc + term.
+        return term if first else acc + term
+
     @_jit
     def _recur_peak_kernel(decay, prev, out, one):  # pragma: no cover - compiled
         # out[t] = max(out[t-1], 1) * decay[t], NaN propagating (torch.clamp_min, then mul_).
@@ -129,11 +172,38 @@ if numba is not None:
             d = decay[t] if per_step else decay[0]
             o = out[t]
             for s in range(size):
-                p = prev[s]
-                if not (p >= one or p != p):  # p < 1 (NaN stays NaN, as in clamp_min)
-                    p = one
-                o[s] = p * d[s]
+                o[s] = _peak_step(prev[s], d[s], one)
             prev = o
+
+    @_jit
+    def _linear_recurrence_trace_kernel(a, b, h0, outs, one):  # pragma: no cover - compiled
+        # Every step of the linear recurrence and its trace. a, b (batch, channels, L); h0 (batch,
+        # channels); outs = (h, magnitude, growth, state_peak, decay_peak), each (batch, channels, L).
+        h_out, mag, growth, state_peak, decay_peak = outs
+        batch, channels, length = a.shape
+        zero = one - one
+        for i in range(batch):
+            for c in range(channels):
+                h = h0[i, c]
+                h_mag = abs(h)
+                h_growth = s_peak = d_peak = p = zero
+                for t in range(length):
+                    a_t = a[i, c, t]
+                    a_abs = abs(a_t)
+                    h = a_t * h
+                    h = h + b[i, c, t]  # h = a h + b
+                    h_mag = a_abs * h_mag
+                    h_mag = h_mag + abs(b[i, c, t])  # H = |a| H + |b|
+                    h_growth = a_abs * h_growth
+                    h_growth = h_growth + h_mag  # W = |a| W + H
+                    p = _peak_step(p, a_abs, one)  # P = max(P, 1) |a|
+                    s_peak = _running_max(s_peak, abs(h))
+                    d_peak = _running_max(d_peak, p)
+                    h_out[i, c, t] = h
+                    mag[i, c, t] = h_mag
+                    growth[i, c, t] = h_growth
+                    state_peak[i, c, t] = s_peak
+                    decay_peak[i, c, t] = d_peak
 
     @_jit
     def _selective_scan_kernel(decay, dprime, u, B, C, D, has_d, rep_b, rep_c, start, state, y):  # pragma: no cover
@@ -168,6 +238,72 @@ if numba is not None:
                     y[b, d, t] = acc
 
     @_jit
+    def _selective_scan_trace_kernel(decay, dprime, u, B, C, D, has_d, rep_b, rep_c, start, states, outs,
+                                     n_terms, one):  # pragma: no cover - compiled
+        # `_selective_scan_kernel` plus the trace. states = (h, H, W, P), each (batch, dim, N), updated
+        # in place; outs = (y, magnitude, growth, state_peak, decay_peak), each (batch, dim, L), steps
+        # start..start+n-1 written (ungated). The running maxima continue from step start-1 of their
+        # output (0 before step 0). n_terms is N in the arrays' dtype.
+        h, mag_h, growth_h, peak_h = states
+        y, mag, growth, state_peak, decay_peak = outs
+        batch, dim, n, n_state = decay.shape
+        zero = one - one
+        for b in range(batch):
+            for d in range(dim):
+                gb = d // rep_b
+                gc = d // rep_c
+                hs, hm, hw, hp = h[b, d], mag_h[b, d], growth_h[b, d], peak_h[b, d]
+                s_peak = state_peak[b, d, start - 1] if start > 0 else zero
+                d_peak = decay_peak[b, d, start - 1] if start > 0 else zero
+                for s in range(n):
+                    t = start + s
+                    a = decay[b, d, s]
+                    bs = B[b, gb, s]
+                    cs = C[b, gc, s]
+                    du = dprime[b, d, t] * u[b, d, t]
+                    for i in range(n_state):  # the recurrences, independent across n
+                        x = du * bs[i]
+                        h_i = a[i] * hs[i]
+                        hs[i] = h_i + x  # h = a h + (d' u) B
+                        m_i = a[i] * hm[i]
+                        m_i = m_i + abs(x)
+                        hm[i] = m_i  # H = a H + |(d' u) B|  (a = exp(.) >= 0)
+                        w_i = a[i] * hw[i]
+                        hw[i] = w_i + m_i  # W = a W + H
+                        hp[i] = _peak_step(hp[i], a[i], one)  # P = max(P, 1) a
+                    acc_y = acc_m = acc_g = zero
+                    for i in range(n_state):  # the output maps, summed over n left to right, and the maxima
+                        first = i == 0
+                        c_abs = abs(cs[i])
+                        acc_y = _sum_step(acc_y, cs[i] * hs[i], first)
+                        acc_m = _sum_step(acc_m, c_abs * hm[i], first)
+                        acc_g = _sum_step(acc_g, c_abs * hw[i], first)
+                        s_peak = _running_max(s_peak, abs(hs[i]))
+                        d_peak = _running_max(d_peak, hp[i])
+                    acc_g = acc_g + n_terms * acc_m
+                    if has_d:
+                        skip = D[d] * u[b, d, t]
+                        acc_y = acc_y + skip
+                        acc_m = acc_m + abs(skip)
+                        acc_g = acc_g + abs(skip)
+                    y[b, d, t] = acc_y
+                    mag[b, d, t] = acc_m
+                    growth[b, d, t] = acc_g
+                    s_peak = _running_max(s_peak, acc_m)  # the terms of C.h + D u, too
+                    state_peak[b, d, t] = s_peak
+                    decay_peak[b, d, t] = d_peak
+
+    @_inline
+    def _row_step(g, row, inp, qi, acc, first):  # pragma: no cover - compiled
+        # One row i of a retention state: row = g * row + inp (per j: one multiply, then one add), and
+        # acc = qi * row (the first row, i = 0) or acc + qi * row (the later ones: the sum over i).
+        for j in range(row.shape[0]):
+            x = g * row[j]
+            x = x + inp[j]
+            row[j] = x
+            acc[j] = _sum_step(acc[j], qi * x, first)
+
+    @_jit
     def _retention_kernel(gamma, q, k, v, start, stop, state, o):  # pragma: no cover - compiled
         # Steps start, ..., stop-1. gamma (heads,); q, k (batch, L, heads, dk); v, o (batch, L, heads, dv);
         # state (batch, heads, dk, dv), updated in place. o is q S, before the scale.
@@ -198,6 +334,51 @@ if numba is not None:
                             row[j] = x
                             ot[j] = ot[j] + qi * x
 
+    @_jit
+    def _retention_trace_kernel(gamma, q, k, v, start, stop, states, decay_state, outs, one):  # pragma: no cover
+        # `_retention_kernel` plus the trace. states = (S, H, W), each (batch, heads, dk, dv), and
+        # decay_state (heads,) = P, updated in place; outs = (o, magnitude, growth, state_peak,
+        # decay_peak), each (batch, L, heads, dv), steps start..stop-1 written; o, magnitude and growth
+        # before their scale factors. The running maxima continue from step start-1 of their output.
+        s_all, mag_all, growth_all = states
+        o, mag, growth, state_peak, decay_peak = outs
+        batch, _, heads, dk = q.shape
+        dv = v.shape[3]
+        zero = one - one
+        kv = np.empty_like(v[0, 0, 0])  # k_i v of one step and row
+        kv_abs = np.empty_like(kv)  # |k_i v|
+        p_blk = np.empty(stop - start, dtype=decay_state.dtype)  # a head's P per step (the same for every b)
+        for hd in range(heads):
+            g = gamma[hd]
+            g_abs = abs(g)
+            p = decay_state[hd]
+            for t in range(start, stop):
+                p = _peak_step(p, g_abs, one)
+                p_blk[t - start] = p
+            decay_state[hd] = p
+            for b in range(batch):
+                d_peak = decay_peak[b, start - 1, hd, 0] if start > 0 else zero
+                for t in range(start, stop):
+                    vt = v[b, t, hd]
+                    s_peak = state_peak[b, t, hd]
+                    for j in range(dv):
+                        s_peak[j] = state_peak[b, t - 1, hd, j] if t > 0 else zero
+                    for i in range(dk):
+                        ki, qi = k[b, t, hd, i], q[b, t, hd, i]
+                        for j in range(dv):
+                            x = ki * vt[j]
+                            kv[j] = x
+                            kv_abs[j] = abs(x)
+                        first = i == 0
+                        row, mag_row, growth_row = s_all[b, hd, i], mag_all[b, hd, i], growth_all[b, hd, i]
+                        _row_step(g, row, kv, qi, o[b, t, hd], first)  # S = g S + k v
+                        _row_step(g_abs, mag_row, kv_abs, abs(qi), mag[b, t, hd], first)  # H = |g| H + |k v|
+                        _row_step(g_abs, growth_row, mag_row, abs(qi), growth[b, t, hd], first)  # W = |g| W + H
+                        for j in range(dv):
+                            s_peak[j] = _running_max(s_peak[j], abs(row[j]))
+                    d_peak = _running_max(d_peak, p_blk[t - start])
+                    decay_peak[b, t, hd] = d_peak
+
 
 # -------------------------------------------------------------------------------------- wrappers
 def _steps(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -227,16 +408,47 @@ def recur(decay: torch.Tensor, inp: torch.Tensor, state: torch.Tensor, out: torc
     return out[-1].clone()
 
 
+def _scalar(like: torch.Tensor, value: float) -> np.generic:
+    """``value`` as a numpy scalar of ``like``'s dtype (a Python float would be a float64 in numba)."""
+    return _np(like.new_full((), value))[()]
+
+
 def recur_peak(decay_abs: torch.Tensor, state: torch.Tensor, out: torch.Tensor,
                *, per_step_decay: bool = True) -> torch.Tensor:
     """`reference_impls._loop.recur_peak`, compiled (same arguments, same result, bit for bit)."""
     n = out.shape[0]
     if n == 0:
         return state.clone()
-    one = _np(state.new_ones(()))[()]  # a numpy scalar of the state's dtype
     _recur_peak_kernel(_np(_decay_rows(decay_abs, state, n, per_step_decay)), _np(state.reshape(-1).contiguous()),
-                       _np(out.view(n, -1)), one)
+                       _np(out.view(n, -1)), _scalar(state, 1))
     return out[-1].clone()
+
+
+def linear_recurrence_trace(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor,
+                            outs: tuple[torch.Tensor, ...]) -> None:
+    """`reference_impls.linear_recurrence`'s whole loop and trace, fused: per step ``h = a h + b``,
+    ``H = |a| H + |b|``, ``W = |a| W + H``, ``P = max(P, 1) |a|`` and the running maxima of ``|h|`` and P.
+
+    a, b: (batch, channels, L), contiguous; h0: (batch, channels), the state before step 0 (H starts at
+    ``|h0|``, W and P at 0); outs: (h, magnitude, growth, state_peak, decay_peak), each (batch, channels,
+    L), contiguous, written.
+    """
+    _linear_recurrence_trace_kernel(_np(a), _np(b), _np(h0.contiguous()), tuple(map(_np, outs)), _scalar(a, 1))
+
+
+def _scan_args(decay: torch.Tensor, u: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None,
+               start: int) -> tuple:
+    """The selective-scan kernels' arguments from decay to start, as numpy arrays and ints."""
+    dim = u.shape[1]
+    has_d = D is not None
+    d_arr = _np(D.contiguous()) if has_d else _np(u.new_zeros((dim,)))
+    # torch lays exp(d' A) out as (batch, dim, n, N) already; then this is a view.
+    blk = decay.permute(1, 2, 0, 3).contiguous()
+    # The block's B and C as (batch, G, n, N): a step's N values adjacent (in (.., N, L) they are L apart,
+    # a power of two that maps them onto one cache set).
+    stop = start + decay.shape[0]
+    b_blk, c_blk = (x[..., start:stop].transpose(2, 3).contiguous() for x in (B, C))
+    return _np(blk), _np(b_blk), _np(c_blk), d_arr, has_d, dim // B.shape[1], dim // C.shape[1], start
 
 
 def selective_scan_block(decay: torch.Tensor, dprime: torch.Tensor, u: torch.Tensor, B: torch.Tensor,
@@ -250,17 +462,28 @@ def selective_scan_block(decay: torch.Tensor, dprime: torch.Tensor, u: torch.Ten
     ``h = decay * h + (d' u) B`` and ``y = sum_n C_n h_n`` (left to right) ``+ D u`` (see
     `reference_impls.selective_scan`); the gate is left to the caller.
     """
-    dim = u.shape[1]
-    has_d = D is not None
-    d_arr = _np(D.contiguous()) if has_d else _np(u.new_zeros((dim,)))
-    # (batch, dim, n, N): torch lays exp(d' A) out in this order already; then this is a view.
-    blk = decay.permute(1, 2, 0, 3).contiguous()
-    # The block's B and C as (batch, G, n, N): a step's N values adjacent (in (.., N, L) they are L apart,
-    # a power of two that maps them onto one cache set).
-    stop = start + decay.shape[0]
-    b_blk, c_blk = (x[..., start:stop].transpose(2, 3).contiguous() for x in (B, C))
-    _selective_scan_kernel(_np(blk), _np(dprime), _np(u), _np(b_blk), _np(c_blk), d_arr, has_d,
-                           dim // B.shape[1], dim // C.shape[1], start, _np(state), _np(y))
+    blk, b_blk, c_blk, *rest = _scan_args(decay, u, B, C, D, start)
+    _selective_scan_kernel(blk, _np(dprime), _np(u), b_blk, c_blk, *rest, _np(state), _np(y))
+
+
+def selective_scan_trace_block(decay: torch.Tensor, dprime: torch.Tensor, u: torch.Tensor, B: torch.Tensor,
+                               C: torch.Tensor, D: torch.Tensor | None, start: int,
+                               states: tuple[torch.Tensor, ...], outs: tuple[torch.Tensor, ...]) -> None:
+    """`selective_scan_block` plus the trace of the same steps (see `reference_impls.selective_scan`),
+    fused.
+
+    states: (h, H, W, P), each (batch, dim, N), contiguous, updated in place: the state, its magnitude
+    and growth recurrences and the decay peak. outs: (y, magnitude, growth, state_peak, decay_peak),
+    each (batch, dim, L), contiguous; the block's steps are written, the running maxima continuing from
+    step ``start - 1``. Per step, in this order: ``h = decay h + (d' u) B``, ``H = decay H + |(d' u) B|``,
+    ``W = decay W + H``, ``P = max(P, 1) decay`` (per n); ``y = sum_n C_n h_n + D u``, magnitude ``=
+    sum_n |C_n| H_n + |D u|``, growth ``= (sum_n |C_n| W_n + N * sum_n |C_n| H_n) + |D u|`` (sums left
+    to right); state_peak, decay_peak: running maxima of ``|h_n|`` and magnitude, and of ``P_n``. The gate
+    is left to the caller.
+    """
+    blk, b_blk, c_blk, *rest = _scan_args(decay, u, B, C, D, start)
+    _selective_scan_trace_kernel(blk, _np(dprime), _np(u), b_blk, c_blk, *rest, tuple(map(_np, states)),
+                                 tuple(map(_np, outs)), _scalar(u, decay.shape[-1]), _scalar(u, 1))
 
 
 def retention_block(gamma: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
@@ -272,3 +495,21 @@ def retention_block(gamma: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     are written); state: (batch, heads, dk, dv), contiguous, updated in place.
     """
     _retention_kernel(_np(gamma.contiguous()), _np(q), _np(k), _np(v), start, stop, _np(state), _np(o))
+
+
+def retention_trace_block(gamma: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                          stop: int, states: tuple[torch.Tensor, ...], decay_state: torch.Tensor,
+                          outs: tuple[torch.Tensor, ...]) -> None:
+    """`retention_block` plus the trace of the same steps (see `reference_impls.retention`), fused.
+
+    states: (S, H, W), each (batch, heads, dk, dv), contiguous, updated in place: the state and its
+    magnitude and growth recurrences; decay_state: (heads,), P, updated in place. outs: (o, magnitude,
+    growth, state_peak, decay_peak), each (batch, L, heads, dv), contiguous; the block's steps are
+    written, the running maxima continuing from step ``start - 1``. Per step and row i, in this order:
+    ``S_i = gamma S_i + k_i v``, ``o (+)= q_i S_i``; ``H_i = |gamma| H_i + |k_i v|``, magnitude ``(+)= |q_i|
+    H_i``; ``W_i = |gamma| W_i + H_i``, growth ``(+)= |q_i| W_i``; then ``P = max(P, 1) |gamma|``;
+    state_peak, decay_peak: running maxima of ``|S_ij|`` over i and the steps, and of P. o, magnitude and
+    growth are left before their ``* scale``, ``* |scale|`` and ``+ dk * magnitude``.
+    """
+    _retention_trace_kernel(_np(gamma.contiguous()), _np(q), _np(k), _np(v), start, stop, tuple(map(_np, states)),
+                            _np(decay_state), tuple(map(_np, outs)), _scalar(q, 1))

@@ -19,8 +19,9 @@ way the blocked loop and a per-step loop can differ: the operations and their or
 
 Compiled loops. On the CPU in float32 and float64, `recur` and `recur_peak` run the same loop compiled
 (`reference_impls._compiled`, numba), and `fused` hands the oracles kernels that also apply the output
-map in the same pass; every operation and its order stay as written here, so the results are the same
-bits (``tests/test_oracle_compiled.py``). Without numba, in float16/bfloat16 or on another device the
+map (and, for the traces, every absolute-value companion and running maximum) in the same pass; every
+operation and its order stay as written here, so the results are the same bits
+(``tests/test_oracle_compiled.py``). Without numba, in float16/bfloat16 or on another device the
 torch loops below run. ``docs/performance.md`` has the measurements behind this.
 
 Bounded memory. The oracles walk the sequence in blocks of `block_length` steps. Per block they build

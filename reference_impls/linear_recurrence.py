@@ -54,11 +54,20 @@ def _run(
     b = b.to(device=device, dtype=dtype)
     batch, channels, length = a.shape
     state = torch.zeros((batch, channels), dtype=dtype, device=device) if h0 is None else h0.to(device=device, dtype=dtype).clone()
-    h = torch.empty_like(a)
+    h = torch.empty_like(a, memory_format=torch.contiguous_format)
+    trace = None
+    if with_trace:  # filled in place by either loop below
+        mag, growth, state_peak, decay_peak = (torch.empty_like(h) for _ in range(4))
+        trace = Trace(out=h, magnitude=mag, growth=growth, state_peak=state_peak, decay_peak=decay_peak)
+    # The trace's fused kernel: every step and every trace field in one compiled pass (the same arithmetic
+    # as the loop below). Otherwise the torch loop, with `_loop.recur` compiled where it can be.
+    jit = _loop.fused(a, b, state) if with_trace else None
+    if jit is not None:
+        jit.linear_recurrence_trace(a.contiguous(), b.contiguous(), state, (h, mag, growth, state_peak, decay_peak))
+        return h, trace
     steps = _loop.block_length(length, batch * channels)
     buf = torch.empty((steps, batch, channels), dtype=dtype, device=device)
     if with_trace:
-        mag, growth, state_peak, decay_peak = (torch.empty_like(a) for _ in range(4))
         mag_buf, growth_buf, decay_buf = (torch.empty_like(buf) for _ in range(3))
         mag_state = state.abs()
         growth_state, decay_state, peak_carry, decay_carry = (torch.zeros_like(state) for _ in range(4))
@@ -79,9 +88,7 @@ def _run(
             state_peak[..., start:stop] = peak.permute(1, 2, 0)
             dpeak, decay_carry = _loop.running_max(decay_buf[:n], decay_carry)
             decay_peak[..., start:stop] = dpeak.permute(1, 2, 0)
-    if not with_trace:
-        return h, None
-    return h, Trace(out=h, magnitude=mag, growth=growth, state_peak=state_peak, decay_peak=decay_peak)
+    return h, trace
 
 
 def linear_recurrence(

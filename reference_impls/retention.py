@@ -48,6 +48,8 @@ as ``m / r`` when cancellation in o is uneven across dv; it is kept here. With e
 normed output and its trace are NaN (0 / 0), as in the plain loop.
 
 Memory: per block of steps the states are (steps, batch, heads, dk, dv); no (L, dk, dv) tensor is formed.
+The fused kernels (`reference_impls._compiled`, CPU float32/float64) keep one state (and, for the trace,
+one H and W) and form no per-step intermediates.
 """
 
 from __future__ import annotations
@@ -105,25 +107,35 @@ def _run(q, k, v, gammas, scale, *, dtype, device, with_trace):
     gamma = gammas.to(device=device, dtype=dtype).view(heads, 1, 1)
     o = torch.empty((batch, length, heads, dv), dtype=dtype, device=device)
     state = torch.zeros((batch, heads, dk, dv), dtype=dtype, device=device)
-    # The fused kernel (k^T v, the state update and q S of a block in one compiled pass) for the plain
-    # oracle; it keeps one state, so its blocks are sized by the steps' inputs and outputs. The trace
-    # needs every state: it runs the loop below (with `_loop.recur` compiled where it can).
-    jit = None if with_trace else _loop.fused(q, k, v, gamma)
+    trace = None
+    if with_trace:  # filled in place by either loop below
+        mag, growth, state_peak, decay_peak = (torch.empty_like(o) for _ in range(4))
+        trace = Trace(out=o, magnitude=mag, growth=growth, state_peak=state_peak, decay_peak=decay_peak)
+        mag_state, growth_state = torch.zeros_like(state), torch.zeros_like(state)
+        p_state = torch.zeros((heads,), dtype=dtype, device=device)
+    # The fused kernels: one compiled pass per block does k^T v, the state update and q S (plain), plus
+    # the trace's recurrences, sums and running maxima (trace). They keep one state, so their blocks are
+    # sized by the steps' inputs and outputs. Otherwise the torch loop below, which needs every state of
+    # a block (with `_loop.recur` compiled where it can be).
+    jit = _loop.fused(q, k, v, gamma)
     if jit is not None:
         q, k, v = (x.contiguous() for x in (q, k, v))
         for start, stop in _loop.blocks(length, _loop.block_length(length, batch * heads * 2 * (dk + dv))):
-            jit.retention_block(gamma.view(heads), q, k, v, start, stop, state, o)  # q S, as below
+            if with_trace:  # q S, |q| H, |q| W and the running maxima, as below
+                jit.retention_trace_block(gamma.view(heads), q, k, v, start, stop, (state, mag_state, growth_state),
+                                          p_state, (o, mag, growth, state_peak, decay_peak))
+                mag_o = mag[:, start:stop].mul_(abs(scale))
+                growth[:, start:stop].mul_(abs(scale)).add_(dk * mag_o)
+            else:
+                jit.retention_block(gamma.view(heads), q, k, v, start, stop, state, o)  # q S, as below
             o[:, start:stop].mul_(scale)
-        return o, None
+        return o, trace
     steps = _loop.block_length(length, batch * heads * dk * dv)
     s_buf = torch.empty((steps, batch, heads, dk, dv), dtype=dtype, device=device)
     if with_trace:
-        mag, growth, state_peak, decay_peak = (torch.empty_like(o) for _ in range(4))
         mag_buf, growth_buf = torch.empty_like(s_buf), torch.empty_like(s_buf)
-        mag_state, growth_state = torch.zeros_like(state), torch.zeros_like(state)
         gamma_abs = gamma.abs()
         p_buf = torch.empty((steps, heads), dtype=dtype, device=device)
-        p_state = torch.zeros((heads,), dtype=dtype, device=device)
         peak_carry = torch.zeros((batch, heads, dv), dtype=dtype, device=device)
         decay_carry = torch.zeros_like(peak_carry)
     for start, stop in _loop.blocks(length, steps):
@@ -148,9 +160,7 @@ def _run(q, k, v, gammas, scale, *, dtype, device, with_trace):
             p_blk = p_buf[:n].view(n, 1, heads, 1).expand(n, batch, heads, dv)
             dpeak, decay_carry = _loop.running_max(p_blk, decay_carry)
             decay_peak[:, start:stop] = dpeak.transpose(0, 1)
-    if not with_trace:
-        return o, None
-    return o, Trace(out=o, magnitude=mag, growth=growth, state_peak=state_peak, decay_peak=decay_peak)
+    return o, trace
 
 
 @torch.no_grad()

@@ -41,7 +41,9 @@ argument ``d' * A`` adds a relative error ``|d' A| u``; the error that causes in
 ``u * H / e`` per step (``|x| e^x <= 1/e``), so it matters only when |d' A| is large and A > 0.
 
 Memory: per block of steps, ``exp(d' A)``, ``d' u B`` and the states are (steps, batch, dim, N); no
-(batch, dim, N, L) tensor is ever formed (see `reference_impls._loop`).
+(batch, dim, N, L) tensor is ever formed (see `reference_impls._loop`). The fused kernels
+(`reference_impls._compiled`, CPU float32/float64) keep one state (and, for the trace, one H, W and P)
+and form only ``exp(d' A)`` per block.
 """
 
 from __future__ import annotations
@@ -115,9 +117,10 @@ def _run(u, delta, A, B, C, D, z, delta_bias, delta_softplus, *, dtype, device, 
     dprime = delta if delta_bias is None else delta + delta_bias[:, None]
     if delta_softplus:
         dprime = F.softplus(dprime, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
-    # The fused kernel (state update, C.h and D u of a block in one compiled pass) for the plain oracle;
-    # the trace needs every state, so it runs the loop below (with `_loop.recur` compiled where it can).
-    jit = None if with_trace else _loop.fused(u, dprime, A, B, C, D)
+    # The fused kernels: one compiled pass per block does the state update and C.h + D u (plain), and
+    # also the trace's recurrences, output maps and running maxima (trace). Otherwise the torch loop
+    # below, with `_loop.recur` compiled where it can be. The gate is applied after either.
+    jit = _loop.fused(u, dprime, A, B, C, D)
     if jit is not None:  # the kernel reads these in place; exp(d' A) below still comes from dprime as is
         u_c, dprime_c, B_c, C_c = (x.contiguous() for x in (u, dprime, B, C))
     y = torch.empty_like(u, memory_format=torch.contiguous_format)
@@ -125,17 +128,23 @@ def _run(u, delta, A, B, C, D, z, delta_bias, delta_softplus, *, dtype, device, 
     steps = _loop.block_length(length, batch * dim * n_state)
     h_buf = None if jit is not None else torch.empty((steps, batch, dim, n_state), dtype=dtype, device=device)
     if with_trace:
-        mag, growth, state_peak, decay_peak = (torch.empty_like(u) for _ in range(4))
-        mag_buf, growth_buf, decay_buf = (torch.empty_like(h_buf) for _ in range(3))
+        mag, growth, state_peak, decay_peak = (torch.empty_like(y) for _ in range(4))
         mag_state, growth_state, decay_state = (torch.zeros_like(state) for _ in range(3))
-        peak_carry = torch.zeros((batch, dim), dtype=dtype, device=device)
-        decay_carry = torch.zeros_like(peak_carry)
+        if jit is None:
+            mag_buf, growth_buf, decay_buf = (torch.empty_like(h_buf) for _ in range(3))
+            peak_carry = torch.zeros((batch, dim), dtype=dtype, device=device)
+            decay_carry = torch.zeros_like(peak_carry)
     for start, stop in _loop.blocks(length, steps):
         n = stop - start
         d_blk = dprime[..., start:stop].permute(2, 0, 1)  # (n, batch, dim)
         decay = torch.mul(d_blk[..., None], A).exp_()  # (n, batch, dim, N)
-        if jit is not None:  # the same arithmetic as the lines below, D u included
-            jit.selective_scan_block(decay, dprime_c, u_c, B_c, C_c, D, start, state, y)
+        if jit is not None:  # the same arithmetic as the lines below, and the D u terms after the loop
+            if with_trace:
+                jit.selective_scan_trace_block(decay, dprime_c, u_c, B_c, C_c, D, start,
+                                               (state, mag_state, growth_state, decay_state),
+                                               (y, mag, growth, state_peak, decay_peak))
+            else:
+                jit.selective_scan_block(decay, dprime_c, u_c, B_c, C_c, D, start, state, y)
             continue
         du = dprime[..., start:stop] * u[..., start:stop]  # d' u, then multiplied by B
         inp = du.permute(2, 0, 1)[..., None] * _per_channel(B, start, stop, dim)
@@ -159,20 +168,21 @@ def _run(u, delta, A, B, C, D, z, delta_bias, delta_softplus, *, dtype, device, 
             state_peak[..., start:stop] = peak.permute(1, 2, 0)
             dpeak, decay_carry = _loop.running_max(decay_buf[:n].amax(-1), decay_carry)
             decay_peak[..., start:stop] = dpeak.permute(1, 2, 0)
-    if D is not None and with_trace:
-        du_skip = D[:, None] * u
-        y.add_(du_skip)
+    # The D u terms, and the magnitude's share of the state peak: the terms of C.h + D u are intermediates
+    # too, and when their sum of magnitudes passes a dtype's range a correct kernel can overflow before the
+    # gate scales y back into range. (The fused trace kernel does this per step.)
+    if with_trace and jit is None:
+        if D is not None:
+            du_skip = D[:, None] * u
+            y.add_(du_skip)
+            mag.add_(du_skip.abs())
+            growth.add_(du_skip.abs())
+        state_peak = torch.maximum(state_peak, torch.cummax(mag, dim=-1).values)
     if z is not None:
         gate = F.silu(z)
         y.mul_(gate)
     if not with_trace:
         return y, state, None
-    if D is not None:
-        mag.add_(du_skip.abs())
-        growth.add_(du_skip.abs())
-    # The terms of C.h + D u are intermediates too: when their sum of magnitudes passes a dtype's range a
-    # correct kernel can overflow before the gate scales y back into range, so it joins the state peak.
-    state_peak = torch.maximum(state_peak, torch.cummax(mag, dim=-1).values)
     if z is not None:
         gate_abs, y_abs = gate.abs(), y.abs()
         mag.mul_(gate_abs).add_(y_abs)

@@ -1,9 +1,13 @@
 """The compiled oracle loops (`reference_impls._compiled`, numba) give the torch loops' bits exactly.
 
 - Every oracle (linear recurrence, selective scan with D, z, softplus, delta_bias and groups, retention
-  and retention_normed) and every trace, in float64 and float32, on several shapes including lengths
-  that are not a multiple of the block: the compiled path and the pure-torch per-step loop are
-  `torch.equal`, and the compiled path was really taken.
+  and retention_normed), in float64 and float32, on several shapes including lengths that are not a
+  multiple of the block: the compiled path and the pure-torch per-step loop are `torch.equal`, and the
+  compiled path was really taken.
+- Every trace (the fused trace kernels), on typical inputs and on extreme ones (overflow to inf, NaN
+  and inf inputs, decays above 1, negative and NaN gammas): each of its five fields has the same bits
+  as both torch loops (pure torch, and with `recur`/`recur_peak` compiled); the fused kernel is the one
+  that runs, once per block.
 - No fused multiply-add: the generated assembly has no FMA instruction, and inputs on which a fused
   step and an unfused step round differently (checked with exact fractions) give the unfused result.
 - Special values (inf, NaN, subnormals, signed zeros) give the same bit patterns, NaN in the same
@@ -35,8 +39,10 @@ from reference_impls.trace import Trace
 
 needs_numba = pytest.mark.skipif(not _compiled.AVAILABLE, reason=f"compiled loops off: {_compiled.UNAVAILABLE_REASON}")
 
-KERNELS = ("_recur_kernel", "_recur_peak_kernel", "_selective_scan_kernel", "_retention_kernel")
-WRAPPERS = ("recur", "recur_peak", "selective_scan_block", "retention_block")
+KERNELS = ("_recur_kernel", "_recur_peak_kernel", "_selective_scan_kernel", "_retention_kernel",
+           "_linear_recurrence_trace_kernel", "_selective_scan_trace_kernel", "_retention_trace_kernel")
+TRACE_WRAPPERS = ("linear_recurrence_trace", "selective_scan_trace_block", "retention_trace_block")
+WRAPPERS = ("recur", "recur_peak", "selective_scan_block", "retention_block", *TRACE_WRAPPERS)
 
 
 @pytest.fixture
@@ -157,11 +163,15 @@ def test_linear_recurrence_bit_identical(dtype, shape, block, monkeypatch, calls
     for seed, h0 in ((0, False), (1, True)):
         a, b, h = _linear(seed, *shape, dtype, h0=h0)
         _same_both_ways(linear_recurrence, a, b, h, compute_dtype=dtype)
-        if dtype == torch.float64:
-            _same_both_ways(linear_recurrence_trace, a, b, h)
     assert calls["recur"] > 0
-    if dtype == torch.float64:
-        assert calls["recur_peak"] > 0
+
+
+SELECTIVE_OPTIONS = [  # D, z, softplus and delta_bias each present and absent
+    dict(),
+    dict(D=False, z=False, softplus=False, bias=False),
+    dict(z=False, bias=False),
+    dict(D=False, softplus=False),
+]
 
 
 SELECTIVE_SHAPES = [  # (batch, dim, N, L, groups of B, groups of C)
@@ -179,15 +189,10 @@ SELECTIVE_SHAPES = [  # (batch, dim, N, L, groups of B, groups of C)
 def test_selective_scan_bit_identical(dtype, shape, block, monkeypatch, calls):
     monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", block)
     batch, dim, n_state, length, gb, gc = shape
-    for seed, opts in enumerate([dict(), dict(D=False, z=False, softplus=False, bias=False),
-                                 dict(z=False, bias=False), dict(D=False, softplus=False)]):
+    for seed, opts in enumerate(SELECTIVE_OPTIONS):
         args, kw = _selective(seed, batch, dim, n_state, length, dtype, groups_b=gb, groups_c=gc, **opts)
         _same_both_ways(selective_scan, *args, **kw, return_last_state=True, compute_dtype=dtype)
-        if dtype == torch.float64:
-            _same_both_ways(selective_scan_trace, *args, **kw)
     assert calls["selective_scan_block"] > 0
-    if dtype == torch.float64:
-        assert calls["recur"] > 0 and calls["recur_peak"] > 0
 
 
 RETENTION_SHAPES = [  # (batch, L, heads, dk, dv)
@@ -212,12 +217,7 @@ def test_retention_bit_identical(dtype, shape, block, monkeypatch, calls):
     # non-contiguous inputs (a transposed view): the kernel reads a contiguous copy
     qt = q.transpose(0, 1).contiguous().transpose(0, 1)
     _same_both_ways(retention, qt, k, v, compute_dtype=dtype)
-    if dtype == torch.float64:
-        _same_both_ways(retention_trace, q, k, v)
-        _same_both_ways(retention_normed_trace, q, k, v, 1e-6, gamma=gammas)
     assert calls["retention_block"] > 0
-    if dtype == torch.float64:
-        assert calls["recur"] > 0 and calls["recur_peak"] > 0
 
 
 @needs_numba
@@ -242,6 +242,125 @@ def test_recur_special_values_same_bits(dtype, calls):
         last_t = _torch_only(_loop.recur_peak, d.abs(), state, out_t, per_step_decay=per_step)
         _assert_same((out_c, last_c), (out_t, last_t))
     assert calls["recur"] == 2 and calls["recur_peak"] == 2
+
+
+# ------------------------------------------------------------------------------------------- traces
+def _torch_loop(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the fused kernels off: the torch block loop, `recur` compiled."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_compiled, "FUSED", False)
+        return fn(*args, **kwargs)
+
+
+def _trace_same_all_ways(fn, *args, **kwargs) -> Trace:
+    """The fused trace kernel's Trace, checked field by field against the pure-torch loop and the torch
+    loop with `recur`/`recur_peak` compiled."""
+    fused = fn(*args, **kwargs)
+    _assert_same(fused, _torch_only(fn, *args, **kwargs))
+    _assert_same(fused, _torch_loop(fn, *args, **kwargs))
+    return fused
+
+
+#: What `_extreme` plants: overflowing products (1e200 * 1e200), inf - inf, NaN, signed zeros, subnormals.
+SPECIALS = (float("inf"), float("-inf"), float("nan"), 1e200, -1e200, 1e300, 0.0, -0.0, 5e-324, -1e-310)
+
+
+def _extreme(x: torch.Tensor | None, seed: int, rate: float = 0.03) -> torch.Tensor | None:
+    """``x`` with about ``rate`` of its entries replaced by one of `SPECIALS` (None stays None)."""
+    if x is None:
+        return None
+    g = _gen(seed)
+    specials = torch.tensor(SPECIALS, dtype=x.dtype)
+    pick = specials[torch.randint(len(SPECIALS), x.shape, generator=g)]
+    return torch.where(torch.rand(x.shape, generator=g) < rate, pick, x)
+
+
+def _overflows(trace: Trace) -> bool:
+    """The inputs reached the range's edge: some trace field holds inf or NaN."""
+    fields = (trace.out, trace.magnitude, trace.growth, trace.state_peak, trace.decay_peak)
+    return any(not torch.isfinite(f).all() for f in fields)
+
+
+VALUES = ["typical", "extreme"]
+
+
+@needs_numba
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("shape, block", _with_blocks([(1, 1, 1), (2, 3, 37), (3, 5, 1000)], -1))
+def test_linear_recurrence_trace_bit_identical(values, shape, block, monkeypatch, calls):
+    monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", block)
+    for seed, h0 in ((0, False), (1, True)):
+        a, b, h = _linear(seed, *shape, torch.float64, h0=h0)
+        if values == "extreme":  # |a| up to 2.75: products of decays overflow; and the specials
+            a, b, h = _extreme(a * 2.5, seed + 10), _extreme(b, seed + 20), _extreme(h, seed + 30, rate=0.3)
+        trace = _trace_same_all_ways(linear_recurrence_trace, a, b, h)
+    assert values == "typical" or shape[-1] < 37 or _overflows(trace)
+    assert calls["linear_recurrence_trace"] == 2
+
+
+@needs_numba
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("shape, block", _with_blocks(SELECTIVE_SHAPES, 3))
+def test_selective_scan_trace_bit_identical(values, shape, block, monkeypatch, calls):
+    """Grouped and ungrouped B/C, D and z present and absent, delta_bias, softplus, several blocks."""
+    monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", block)
+    batch, dim, n_state, length, gb, gc = shape
+    for seed, opts in enumerate(SELECTIVE_OPTIONS):
+        (u, delta, A, B, C), kw = _selective(seed, batch, dim, n_state, length, torch.float64, groups_b=gb,
+                                             groups_c=gc, **opts)
+        if values == "extreme":  # A up to +5: decays exp(d' A) > 1 that overflow; and the specials everywhere
+            A = A.mul(2.5).add(2.5)
+            u, delta, B, C = (_extreme(x, seed + i) for i, x in enumerate((u, delta, B, C)))
+            kw = {k: _extreme(v, seed + 7) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        trace = _trace_same_all_ways(selective_scan_trace, u, delta, A, B, C, **kw)
+    assert values == "typical" or length < 29 or _overflows(trace)
+    assert calls["selective_scan_trace_block"] >= len(SELECTIVE_OPTIONS)
+
+
+RETENTION_TRACE_SHAPES = RETENTION_SHAPES + [(2, 300, 3, 16, 4)]  # dk > dv as well as dk < dv
+
+
+@needs_numba
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("shape, block", _with_blocks(RETENTION_TRACE_SHAPES, 1))
+def test_retention_trace_bit_identical(values, shape, block, monkeypatch, calls):
+    """retention_trace and retention_normed_trace (rms and layer), default and given gamma and scale."""
+    monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", block)
+    q, k, v = _retention(0, *shape, torch.float64)
+    heads = shape[2]
+    gammas = [0.5 + 0.49 * h / heads for h in range(heads)]
+    if values == "extreme":  # |gamma| > 1 (products that overflow), a negative and a NaN decay; specials
+        gammas = torch.tensor([1.5, -1.3, float("nan"), 0.9][:heads], dtype=torch.float64)
+        q, k, v = (_extreme(x, i) for i, x in enumerate((q, k, v)))
+    trace = _trace_same_all_ways(retention_trace, q, k, v)
+    _trace_same_all_ways(retention_trace, q, k, v, gamma=gammas, scale=-0.3)
+    _trace_same_all_ways(retention_normed_trace, q, k, v, 1e-6, gamma=gammas)
+    _trace_same_all_ways(retention_normed_trace, q, k, v, 0.0, kind="layer")
+    assert values == "typical" or shape[1] < 33 or _overflows(trace)
+    assert calls["retention_trace_block"] >= 4
+
+
+@needs_numba
+def test_traces_take_the_fused_kernels(monkeypatch, calls):
+    """Each trace runs its fused kernel once per block and none of the torch loop's compiled pieces; with
+    `_compiled.FUSED` off it runs the torch loop instead."""
+    monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", 4096)
+    a, b, h = _linear(0, 2, 3, 50, torch.float64, h0=True)
+    args, kw = _selective(0, 2, 4, 16, 300, torch.float64, groups_b=2)  # 32 steps per block: 10 blocks
+    q, k, v = _retention(0, 2, 300, 2, 8, 8, torch.float64)  # 32 steps per block: 10 blocks
+
+    def run():
+        linear_recurrence_trace(a, b, h)
+        selective_scan_trace(*args, **kw)
+        retention_trace(q, k, v)
+        retention_normed_trace(q, k, v, 1e-6)
+
+    run()
+    assert calls == dict.fromkeys(WRAPPERS, 0) | dict(linear_recurrence_trace=1, selective_scan_trace_block=10,
+                                                      retention_trace_block=2 * 10)
+    calls.update(dict.fromkeys(WRAPPERS, 0))
+    _torch_loop(run)
+    assert all(calls[name] == 0 for name in TRACE_WRAPPERS) and calls["recur"] > 0 and calls["recur_peak"] > 0
 
 
 # ----------------------------------------------------------------------------------- no fused FMA
@@ -274,12 +393,19 @@ def _fma_sensitive(dtype: torch.dtype, size: int = 512) -> tuple[torch.Tensor, t
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_inputs_where_fma_differs_give_the_unfused_result(dtype, calls):
     """Each multiply-add of each kernel, fed (d, p, x) so that it computes ``d * p + x``: the result is
-    the unfused ``round(round(d * p) + x)`` on every element, where an FMA would differ on most."""
+    the unfused ``round(round(d * p) + x)`` on every element, where an FMA would differ on most. In
+    float64 the trace kernels' outputs too."""
     d, p, x = _fma_sensitive(dtype)
     assert _fused_vs_unfused(d, p, x).float().mean() > 0.5, "the inputs must tell fused from unfused"
     unfused = d * p + x
     n = len(d)
     one = torch.ones_like(d)
+
+    def outputs(oracle, trace, *args, **kwargs):
+        """The oracle's output in ``dtype`` and, in float64, its trace kernel's output."""
+        found = [oracle(*args, **kwargs, compute_dtype=dtype)]
+        return found + [trace(*args, **kwargs).out] if dtype == torch.float64 else found
+
     # recur, one step from state p
     out = torch.empty((1, n), dtype=dtype)
     _loop.recur(d[None], x[None], p, out)
@@ -287,29 +413,33 @@ def test_inputs_where_fma_differs_give_the_unfused_result(dtype, calls):
     # the linear recurrence, two steps: h_0 = 0 * 0 + p, h_1 = d * h_0 + x
     a = torch.stack([torch.zeros_like(d), d], -1)[None]
     b = torch.stack([p, x], -1)[None]
-    assert torch.equal(linear_recurrence(a, b, compute_dtype=dtype)[0, :, 1], unfused)
+    for h in outputs(linear_recurrence, linear_recurrence_trace, a, b):
+        assert torch.equal(h[0, :, 1], unfused)
     # retention, the sum over dk (dk = 2, L = 1, dv = 1, v = 1): o = q_0 k_0 + q_1 k_1 = 1 * x + d * p
     q = torch.stack([one, d], -1).view(1, 1, n, 2)
     k = torch.stack([x, p], -1).view(1, 1, n, 2)
-    o = retention(q, k, one.view(1, 1, n, 1), gamma=[0.5] * n, scale=1.0, compute_dtype=dtype)
-    assert torch.equal(o.view(n), unfused)
+    for o in outputs(retention, retention_trace, q, k, one.view(1, 1, n, 1), gamma=[0.5] * n, scale=1.0):
+        assert torch.equal(o.view(n), unfused)
     # retention, the state update (gamma = 1, dk = dv = 1, q = 1): S_1 = 1 * S_0 + k_1 v_1 = x + d * p
-    o = retention(one.view(1, 1, n, 1).expand(1, 2, n, 1), torch.stack([x, d], 0).view(1, 2, n, 1),
-                  torch.stack([one, p], 0).view(1, 2, n, 1), gamma=[1.0] * n, scale=1.0, compute_dtype=dtype)
-    assert torch.equal(o[0, 1].view(n), unfused)
+    for o in outputs(retention, retention_trace, one.view(1, 1, n, 1).expand(1, 2, n, 1),
+                     torch.stack([x, d], 0).view(1, 2, n, 1), torch.stack([one, p], 0).view(1, 2, n, 1),
+                     gamma=[1.0] * n, scale=1.0):
+        assert torch.equal(o[0, 1].view(n), unfused)
     # selective scan, one channel per element (groups = dim, d' = delta = 1):
     # the sum over N (N = 2, L = 1): h_n = exp(A) * 0 + (1 * 1) B_n = B_n, y = 1 * x + d * p
     u = one.view(1, n, 1)
-    y = selective_scan(u, u, -torch.ones((n, 2), dtype=dtype), torch.stack([x, p], -1).view(1, n, 2, 1),
-                       torch.stack([one, d], -1).view(1, n, 2, 1), compute_dtype=dtype)
-    assert torch.equal(y.view(n), unfused)
+    for y in outputs(selective_scan, selective_scan_trace, u, u, -torch.ones((n, 2), dtype=dtype),
+                     torch.stack([x, p], -1).view(1, n, 2, 1), torch.stack([one, d], -1).view(1, n, 2, 1)):
+        assert torch.equal(y.view(n), unfused)
     # the state update (N = 1, L = 2, A = 0 so exp(d' A) = 1): h_1 = 1 * x + (1 * d) * p, y = 1 * h
     u = torch.stack([one, d], -1).view(1, n, 2)
-    y = selective_scan(u, torch.ones_like(u), torch.zeros((n, 1), dtype=dtype),
-                       torch.stack([x, p], -1).view(1, n, 1, 2), torch.ones((1, n, 1, 2), dtype=dtype),
-                       compute_dtype=dtype)
-    assert torch.equal(y[0, :, 1], unfused)
+    for y in outputs(selective_scan, selective_scan_trace, u, torch.ones_like(u), torch.zeros((n, 1), dtype=dtype),
+                     torch.stack([x, p], -1).view(1, n, 1, 2), torch.ones((1, n, 1, 2), dtype=dtype)):
+        assert torch.equal(y[0, :, 1], unfused)
     assert calls["recur"] >= 2 and calls["retention_block"] == 2 and calls["selective_scan_block"] == 2
+    if dtype == torch.float64:
+        assert calls["linear_recurrence_trace"] == 1
+        assert calls["retention_trace_block"] == 2 and calls["selective_scan_trace_block"] == 2
 
 
 _FMA_ASM = re.compile(r"\b(v?f(n?m(add|sub)\w*)|fmla|fmls|fmadd|fmsub|fnmadd|fnmsub)\b", re.IGNORECASE)
@@ -330,6 +460,14 @@ def test_generated_assembly_has_no_fma(dtype):
         "_selective_scan_kernel": (z(2, 4, 5, 3), z(2, 4, 5), z(2, 4, 5), z(2, 1, 5, 3), z(2, 2, 5, 3), z(4),
                                    True, 4, 2, 0, z(2, 4, 3), z(2, 4, 5)),
         "_retention_kernel": (z(2), z(1, 5, 2, 3), z(1, 5, 2, 3), z(1, 5, 2, 4), 0, 5, z(1, 2, 3, 4), z(1, 5, 2, 4)),
+        "_linear_recurrence_trace_kernel": (z(2, 3, 5), z(2, 3, 5), z(2, 3), tuple(z(2, 3, 5) for _ in range(5)),
+                                            dt.type(1)),
+        "_selective_scan_trace_kernel": (z(2, 4, 5, 3), z(2, 4, 5), z(2, 4, 5), z(2, 1, 5, 3), z(2, 2, 5, 3), z(4),
+                                         True, 4, 2, 0, tuple(z(2, 4, 3) for _ in range(4)),
+                                         tuple(z(2, 4, 5) for _ in range(5)), dt.type(3), dt.type(1)),
+        "_retention_trace_kernel": (z(2), z(1, 5, 2, 3), z(1, 5, 2, 3), z(1, 5, 2, 4), 0, 5,
+                                    tuple(z(1, 2, 3, 4) for _ in range(3)), z(2), tuple(z(1, 5, 2, 4) for _ in range(5)),
+                                    dt.type(1)),
     }
     for name in KERNELS:
         fresh = numba.njit(fastmath=False, nogil=True)(getattr(_compiled, name).py_func)
