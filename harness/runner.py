@@ -145,7 +145,7 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
 
     options = options or RunOptions()
     timings: dict[str, float] = {}
-    t0 = time.perf_counter()
+    began = t0 = time.perf_counter()
     inputs = problem.make_inputs()
     timings["t_inputs"] = time.perf_counter() - t0
 
@@ -173,6 +173,7 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
 
     if not result.ok:
         judgement = judge({}, options.policy, kernel_error=f"{result.outcome.value}: {result.message}")
+        timings["t_case"] = time.perf_counter() - began
         _finish(record, judgement, cause=result.outcome.value, timings=timings)
         if store is not None:
             store.append(record)
@@ -199,13 +200,16 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
              Verdict.OUT_OF_DOMAIN: "input_overflow"}.get(judgement.verdict, "kernel_error")
     if (judgement.verdict is Verdict.DIVERGENT and options.eps_counterfactual
             and problem.family is Family.RETENTION_NORMED and problem.eps):
+        t0 = time.perf_counter()
         zero = run_case(spec, problem.replace(eps=0.0),
                         RunOptions(options.policy, options.timeout_s, False, False), kernel_fn=kernel_fn)
+        timings["t_eps0"] = time.perf_counter() - t0
         record["eps0_cond_max"] = zero.get("cond_max")
         if zero["verdict"] == Verdict.EQUIVALENT.value:
             cause = "eps_effect"
             judgement = Judgement(judgement.verdict, judgement.why + (
                 f"; eps effect: the same case at eps=0 is equivalent (cond_max {zero.get('cond_max'):.3g})"))
+    timings["t_case"] = time.perf_counter() - began
     _finish(record, judgement, cause=cause, timings=timings)
     if store is not None:
         store.append(record)

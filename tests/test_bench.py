@@ -11,20 +11,23 @@ from harness import bench
 
 
 def test_quick_bench_tables(tmp_path):
-    groups = bench.run(tmp_path, lengths=[32], suite_lengths=[32], reps=1, mem=False,
+    groups = bench.run(tmp_path, lengths=[32], case_lengths=[32], reps=1, mem=False,
                        step_length=32, step_batches=(1, 2), jit=False)
     sel = groups["selective_scan"]
     assert [r["function"] for r in sel] == list(bench.SEL_FNS)
     ret = groups["retention"]
     assert [r["function"] for r in ret] == list(bench.RET_FNS)
-    for r in sel + ret:
+    normed = groups["retention_normed"]
+    assert [r["function"] for r in normed] == list(bench.NORMED_FNS)
+    for r in sel + ret + normed:
         if r["time_s"] is None:  # an unavailable peer is listed with its reason
             assert str(r["vs_oracle"]).startswith("skipped")
             continue
         assert r["speedup_vs_oracle"] > 0
     assert sel[0]["speedup_vs_oracle"] == 1.0 and ret[0]["vs_oracle"] == "(reference)"
     summary = groups["summary"]
-    assert [(r["family"], r["L"]) for r in summary] == [("selective_scan", 32), ("retention", 32)]
+    assert [(r["family"], r["L"]) for r in summary] == [
+        ("selective_scan", 32), ("retention", 32), ("retention_normed", 32)]
     for r in summary:
         if r["peer_s"] is not None:
             assert r["oracle_x_faster"] == pytest.approx(r["peer_s"] / r["oracle_s"], rel=0.01, abs=0.01)
@@ -33,11 +36,12 @@ def test_quick_bench_tables(tmp_path):
     assert [r["technique"] for r in tech] == list(bench.TECHNIQUES) * 2
     for r in tech:  # every loop implementation gives the torch loop's bits (or says why it did not run)
         assert r["vs_torch_loop"] in ("(reference)", "bit-identical") or r["vs_torch_loop"].startswith("skipped")
-    assert [r["function"] for r in groups["suite"]] == [
-        "intree.blelloch_scan", "intree.blelloch_selective_scan",
-        "intree.retention_chunkwise", "intree.retention_normed_parallel"]
-    for r in groups["suite"]:
-        assert r["cases_per_s"] > 0 and 0 <= r["harness_share"] <= 1 and r["harness_ms_per_case"] >= 0
+    assert [r["function"] for r in groups["cases"]] == [name for name, _ in bench.CASE_KERNELS]
+    for r in groups["cases"]:
+        parts = ("inputs", "oracle", "kernel", "baseline", "measure", "records")
+        assert sum(r[f"{p}_share"] for p in parts) == pytest.approx(1.0, abs=0.01)
+        assert 0 <= r["harness_share"] <= 1 and r["harness_ms_per_case"] >= 0 and r["verdicts"] == "equivalent"
+    assert "make_test" not in groups  # the test-suite runs are opt-in (minutes)
     assert all(r["us_per_step"] > 0 for r in groups["oracle_step"])
     md = (tmp_path / "bench.md").read_text()
     assert "oracle.selective_scan" in md and "speedup_vs_oracle" in md and "oracle_x_faster" in md
@@ -64,3 +68,21 @@ def test_peers_that_do_not_fit_are_skipped(monkeypatch):
     assert bench.fits("fla.naive_retention", 1024) == ""
     assert bench.fits("fla.naive_retention", 65536).startswith("skipped: needs ~")
     assert bench.fits("oracle.retention", 10**7) == ""  # no estimate: always runs
+
+
+def test_shares_split_a_cases_time_into_its_parts():
+    # two cases of 10 ms each: 1 ms inputs, 2 oracle, 4 kernel, 1 baseline, 1 measure; 1 ms unaccounted
+    recs = [dict(t_inputs=0.001, t_oracle=0.002, t_kernel=0.004, t_baseline=0.001, t_measure=0.001)] * 2
+    row = bench._shares(recs, 0.020)
+    assert row["kernel_share"] == 0.4 and row["records_share"] == 0.1
+    assert row["harness_share"] == 0.2 and row["harness_ms_per_case"] == 2.0  # measure + the rest
+
+
+def test_records_carry_the_cases_own_time():
+    from harness.kernels.registry import get
+    from harness.problems import Problem
+    from harness.runner import run_case
+
+    rec = run_case(get("intree.blelloch_scan"), Problem(family="linear_scan", length=64))
+    parts = sum(rec[k] for k in ("t_inputs", "t_oracle", "t_kernel", "t_baseline", "t_measure"))
+    assert parts - 1e-5 <= rec["t_case"] < parts + 1.0  # (each timing is rounded to a microsecond)
