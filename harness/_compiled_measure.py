@@ -32,7 +32,7 @@ try:
 except ImportError:  # pragma: no cover - the torch code runs instead
     numba = None
 
-__all__ = ["AVAILABLE", "FastSums", "fast_pass", "select"]
+__all__ = ["AVAILABLE", "FastSums", "fast_pass", "hist_quantiles", "select"]
 
 _DISABLED = os.environ.get("SEQKERNEL_MEASURE_JIT", "1").strip().lower() in ("0", "off", "false", "no")
 
@@ -52,6 +52,9 @@ _BINS = 1 << 15
 _SHIFT = 48
 _SMALL_BIN = 1 << 14
 _INF_BITS = int(np.array(np.inf).view(np.int64))
+#: The compiled pass counts ULP distances below this (nearly all of them) in a histogram instead of
+#: storing them; `hist_quantiles` reads quantiles off it.
+_ULP_BINS = 1 << 16
 
 
 class FastSums(NamedTuple):
@@ -74,18 +77,26 @@ class FastSums(NamedTuple):
     baseline_max_abs: float  # -1 without a baseline
     baseline_cond_max: float
     baseline_over: int
+    ulp_hist: np.ndarray  # counts of the ULP distances 0 .. _ULP_BINS - 1
+    n_ulp_big: int  # the others, at the front of the ulp_vals array given to `fast_pass`
 
 
 if numba is not None:
     _jit = numba.njit(cache=True, fastmath=False, nogil=True)
 
     @_jit
-    def _pass_kernel(O, X, XB, RB, MAG, GRO, SP, DP, BL, has_b, depth, u, tiny, thr, limit, max_finite,
-                     sub_half, top, cond_vals, ulp_vals, per_t_cond, per_t_abs, mismatch_t, stats):  # pragma: no cover
+    def _pass_kernel(O, X, XB, RB, ref_f32, MAG, GRO, SP, DP, BL, has_b, depth, u, tiny, thr, limit, max_finite,
+                     sub_half, top, cond_vals, ulp_hist, ulp_big, per_t_cond, per_t_abs, mismatch_t,
+                     stats):  # pragma: no cover
         # Every array is (P, L, Q): the output with the axes before the length merged into P and those
         # after it into Q, walked in that (memory) order; element (p, t, q) is row r = p Q + q of
         # `measure`'s (rows, L) view. Returns False as soon as an element needs the general code.
+        # The oracle on the grid: RB's patterns, or (ref_f32) the oracle rounded to float32 here.
+        # ULP distances below _ULP_BINS are counted in ulp_hist; larger ones are kept in ulp_big.
         n_p, length, n_q = O.shape
+        f32 = np.empty(1, dtype=np.float32)
+        f32_bits = f32.view(np.int32)
+        n_big = 0
         n_over = 0
         n_under = 0
         b_over = 0
@@ -143,15 +154,23 @@ if numba is not None:
                     s_xo += x * o
                     # the ULP distance on the dtype's grid, as harness.dtypes.grid_distance
                     bx = np.int64(XB[p, t, q])
-                    by = np.int64(RB[p, t, q])
+                    if ref_f32:
+                        f32[0] = np.float32(o)
+                        by = np.int64(f32_bits[0])
+                    else:
+                        by = np.int64(RB[p, t, q])
                     if (bx ^ by) < 0:
                         ulp = float(bx & top) + float(by & top)
                     else:
                         ulp = float(abs(bx - by))
                     ulp_max = max(ulp_max, ulp)
                     cond_vals[k] = c
-                    ulp_vals[k] = ulp
                     k += 1
+                    if ulp < _ULP_BINS:
+                        ulp_hist[np.int64(ulp)] += 1
+                    else:
+                        ulp_big[n_big] = ulp
+                        n_big += 1
                     if x == 0 and o != 0 and ao <= sub_half:
                         n_under += 1
                     if has_b:
@@ -183,6 +202,7 @@ if numba is not None:
         stats[14] = b_cond_max
         stats[15] = b_over
         stats[16] = o_hi
+        stats[17] = n_big
         return True
 
     @_jit
@@ -275,7 +295,8 @@ def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Te
 
     Every tensor is a (P, L, Q) view of the output's layout (see `_pass_kernel`). O, MAG, GRO, SP, DP:
     the float64 trace; X: the kernel output in the case's dtype ``grid``; BL: the baseline or None.
-    Fills ``cond_vals``/``ulp_vals`` (every element) and the per-position tensors (also when it gives up).
+    Fills ``cond_vals`` (every element), ``ulp_vals`` (the ULP distances of `_ULP_BINS` or more; the
+    others are counted in `FastSums.ulp_hist`) and the per-position tensors (also when it gives up).
     """
     if not AVAILABLE or X.dtype != grid or grid not in _INT_VIEW:
         return None
@@ -283,16 +304,25 @@ def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Te
         return None
     if any(t.device.type != "cpu" for t in (O, MAG, GRO, SP, DP, X, BL) if t is not None):
         return None
-    x64 = X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float64)
+    # One compiled version per grid (float32, float64, half): every array C-contiguous (a copy only for
+    # an unusual layout), the output and the baseline in float32 or float64 (half values upcast exactly).
+    O, X, MAG, GRO, SP, DP = (t.contiguous() for t in (O, X, MAG, GRO, SP, DP))
+    x_wide = X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float64)
     has_b = BL is not None
-    if has_b and BL.dtype not in (torch.float32, torch.float64):
-        BL = BL.to(torch.float64)
-    bl = BL if has_b else torch.zeros((1, 1, 1), dtype=torch.float64)
-    stats = np.zeros(17, dtype=np.float64)
+    if not has_b:
+        BL = torch.zeros((1, 1, 1), dtype=x_wide.dtype)
+    elif BL.dtype != x_wide.dtype:
+        if BL.dtype.itemsize > x_wide.dtype.itemsize:  # rounding it would change the numbers
+            return None
+        BL = BL.to(x_wide.dtype)
+    stats = np.zeros(18, dtype=np.float64)
+    ulp_hist = np.zeros(_ULP_BINS, dtype=np.int64)
     top = int(torch.iinfo(_INT_VIEW[grid]).max)
-    ok = _pass_kernel(O.numpy(), x64.numpy(), _grid_bits(X, grid), _grid_bits(O, grid),
-                      *(t.numpy() for t in (MAG, GRO, SP, DP)), bl.numpy(), has_b,
-                      float(depth), u, tiny, thr, limit, max_finite, sub_half, top, cond_vals, ulp_vals,
+    ref_f32 = grid == torch.float32  # rounded to float32 in the pass (no float32 copy of the oracle)
+    ref_bits = _grid_bits(O[:1, :1, :1] if ref_f32 else O, grid)
+    ok = _pass_kernel(O.numpy(), x_wide.numpy(), _grid_bits(X, grid), ref_bits, ref_f32,
+                      *(t.numpy() for t in (MAG, GRO, SP, DP)), BL.contiguous().numpy(), has_b,
+                      float(depth), u, tiny, thr, limit, max_finite, sub_half, top, cond_vals, ulp_hist, ulp_vals,
                       per_t_cond.numpy(), per_t_abs.numpy(), mismatch_t.numpy(), stats)
     if not ok:
         return None
@@ -306,5 +336,20 @@ def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Te
         worst_row=best // length, worst_t=best % length, ulp_max=float(stats[5]), sum_ref2=float(stats[6]),
         sum_diff2=float(stats[7]), sum_x2=float(stats[8]), sum_xo=float(stats[9]), n_underflow=int(stats[10]),
         state_peak_max=float(stats[11]), decay_peak_max=float(stats[12]), baseline_max_abs=float(stats[13]),
-        baseline_cond_max=float(stats[14]), baseline_over=int(stats[15]),
+        baseline_cond_max=float(stats[14]), baseline_over=int(stats[15]), ulp_hist=ulp_hist,
+        n_ulp_big=int(stats[17]),
     )
+
+
+def hist_quantiles(hist: np.ndarray, big: np.ndarray, ranks: Sequence[int]) -> list[float]:
+    """The ``ranks[q]``-th smallest of the values counted in ``hist`` (``hist[v]`` values equal to v)
+    together with ``big`` (values of at least ``hist.size``): `fast_pass`'s ULP distances."""
+    cum = np.cumsum(hist)
+    n_small = int(cum[-1]) if cum.size else 0
+    out = []
+    for r in ranks:
+        if r < n_small:
+            out.append(float(np.searchsorted(cum, r, side="right")))
+        else:
+            out.append(float(np.partition(big, r - n_small)[r - n_small]))
+    return out

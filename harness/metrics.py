@@ -282,6 +282,11 @@ class _ScaledSum:
         return math.sqrt(self.acc), self.exp // 2
 
 
+def _ranks(n: int, qs: Sequence[float]) -> list[int]:
+    """0-based nearest ranks of the quantiles ``qs`` among ``n`` values: the ``ceil(q n)``-th smallest."""
+    return [min(n - 1, max(0, math.ceil(q * n) - 1)) for q in qs]
+
+
 def _quantiles(a: np.ndarray, qs: Sequence[float]) -> list[float]:
     """Nearest-rank quantiles (the ``ceil(q n)``-th smallest value) of a 1-D float64 array.
 
@@ -292,7 +297,7 @@ def _quantiles(a: np.ndarray, qs: Sequence[float]) -> list[float]:
     n = a.size
     if n == 0:
         return [math.nan for _ in qs]
-    ranks = [min(n - 1, max(0, math.ceil(q * n) - 1)) for q in qs]
+    ranks = _ranks(n, qs)
     if n <= 65_536:
         part = np.partition(a, sorted(set(ranks)))
         return [float(part[r]) for r in ranks]
@@ -736,7 +741,11 @@ def _measure(
             fields["cosine"] = max(-1.0, min(1.0, cos))
         else:
             fields["cosine"] = 1.0 if rm == xm else 0.0
-        fields["ulp_p50"], fields["ulp_p99"] = _quantiles(ulp_vals[:n_compared], (0.5, 0.99))
+        if fs is not None:
+            fields["ulp_p50"], fields["ulp_p99"] = _compiled_measure.hist_quantiles(
+                fs.ulp_hist, ulp_vals[: fs.n_ulp_big], _ranks(n_compared, (0.5, 0.99)))
+        else:
+            fields["ulp_p50"], fields["ulp_p99"] = _quantiles(ulp_vals[:n_compared], (0.5, 0.99))
         fields["ulp_max"] = ulp_max
         fields["cond_p50"], fields["cond_p99"] = _quantiles(cond_vals[:n_compared], (0.5, 0.99))
         fields["cond_max"] = cond_max
