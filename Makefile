@@ -13,11 +13,16 @@ THIRD_PARTY ?= mambapy==1.2.0 torchscale==0.3.0 yet-another-retnet==0.5.1 accele
                fla-core==0.6.0 einops==0.8.2
 # A CUDA torch brings the triton it was built with; only a CPU-only machine gets this one (interpreter).
 TRITON ?= triton==3.9.0
+# mamba-ssm's pure-torch reference (selective_scan_ref) as a benchmark peer: its package builds without
+# the CUDA extension when told to, into a folder of its own (never the project's environment, where the
+# mamba-ssm adapters would then find a package that cannot run); see docs/performance.md.
+BENCH_PEERS ?= .bench-peers
+MAMBA_SSM ?= mamba-ssm==2.3.2.post1
 PYTEST_WORKERS ?= 2
 RUN ?= reports/latest
 PROFILE ?= ci
 
-.PHONY: install install-kernels test test-fast test-gpu report sweep seeds bench gate baseline calibrate clean
+.PHONY: install install-kernels bench-peers test test-fast test-gpu report sweep seeds bench gate baseline calibrate clean
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_CPU)"
@@ -48,8 +53,14 @@ seeds:
 	$(PYTHON) -m harness sweep mamba_seed --report-dir reports/mamba-seed --quiet; test $$? -le 1
 	$(PYTHON) -m harness sweep retnet_seed --report-dir reports/retnet-seed --quiet; test $$? -le 1
 
-bench:
-	$(PYTHON) -m harness.bench --out reports/bench
+bench: bench-peers
+	BENCH_PEERS=$(BENCH_PEERS) $(PYTHON) -m harness.bench --out reports/bench
+
+# Best effort: without it (no network, a build failure) the bench lists the peer as skipped, with why.
+bench-peers:
+	@test -d $(BENCH_PEERS)/mamba_ssm || MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
+	  $(PIP) install --quiet --no-deps --no-build-isolation --target $(BENCH_PEERS) "$(MAMBA_SSM)" \
+	  || echo "bench-peers: $(MAMBA_SSM) could not be built here; the bench will skip it"
 
 gate: report
 	$(PYTHON) -m harness gate $(RUN) --baseline reports/baseline

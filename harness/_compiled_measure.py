@@ -77,7 +77,7 @@ class FastSums(NamedTuple):
     baseline_max_abs: float  # -1 without a baseline
     baseline_cond_max: float
     baseline_over: int
-    ulp_hist: np.ndarray  # counts of the ULP distances 0 .. _ULP_BINS - 1
+    ulp_hist: np.ndarray  # counts of the ULP distances 0, 1, ... (below _ULP_BINS)
     n_ulp_big: int  # the others, at the front of the ulp_vals array given to `fast_pass`
 
 
@@ -336,7 +336,8 @@ def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Te
         worst_row=best // length, worst_t=best % length, ulp_max=float(stats[5]), sum_ref2=float(stats[6]),
         sum_diff2=float(stats[7]), sum_x2=float(stats[8]), sum_xo=float(stats[9]), n_underflow=int(stats[10]),
         state_peak_max=float(stats[11]), decay_peak_max=float(stats[12]), baseline_max_abs=float(stats[13]),
-        baseline_cond_max=float(stats[14]), baseline_over=int(stats[15]), ulp_hist=ulp_hist,
+        baseline_cond_max=float(stats[14]), baseline_over=int(stats[15]),
+        ulp_hist=ulp_hist[: int(min(stats[5], _ULP_BINS - 1)) + 1],  # (up to the largest distance)
         n_ulp_big=int(stats[17]),
     )
 

@@ -77,6 +77,50 @@ def _fla_naive() -> Callable:
     return fla_naive
 
 
+def _mamba_ssm_ref() -> Callable:
+    """mamba-ssm's pure-torch ``selective_scan_ref``, from the copy ``make bench-peers`` builds without its
+    CUDA extension (``MAMBA_SKIP_CUDA_BUILD``) into ``$BENCH_PEERS`` (default ``.bench-peers``).
+
+    Two things stand between that copy and ``selective_scan_ref``, and both are stepped around without
+    touching its files: the package's ``__init__`` imports the Mamba2/Mamba3 modules (which need
+    huggingface_hub and more), so the package is entered through its path without running it; and
+    ``selective_scan_interface`` imports the ``selective_scan_cuda`` extension at the top, which
+    ``selective_scan_ref`` never calls, so a placeholder module that raises on any use stands in for it.
+    The function casts u, delta, B, C to float32 itself; A must match (its einsum), so it is passed in
+    float32 too, and the output comes back in the input's dtype.
+    """
+    import importlib.machinery
+    import types
+
+    from harness.kernels.triton_interpreter import interpret_if_no_gpu
+
+    where = Path(os.environ.get("BENCH_PEERS", ".bench-peers")).resolve()
+    spec = importlib.machinery.PathFinder.find_spec("mamba_ssm", [str(where)])
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"mamba-ssm is not built in {where}: run `make bench-peers`")
+    interpret_if_no_gpu()  # its Triton layer-norm module is decorated at import (see harness.kernels.fla_adapter)
+
+    class _NotBuilt(types.ModuleType):
+        def __getattr__(self, attr: str):
+            raise RuntimeError("selective_scan_cuda was not built (MAMBA_SKIP_CUDA_BUILD)")
+
+    package = types.ModuleType("mamba_ssm")
+    package.__path__ = list(spec.submodule_search_locations)
+    before = set(sys.modules)
+    sys.modules.update(mamba_ssm=package, selective_scan_cuda=_NotBuilt("selective_scan_cuda"))
+    try:
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_ref
+    finally:  # the function keeps its module; the process keeps no half-imported mamba_ssm for others to find
+        for name in set(sys.modules) - before:
+            if name.partition(".")[0] in ("mamba_ssm", "selective_scan_cuda"):
+                del sys.modules[name]
+
+    def mamba_ssm_ref(u, delta, A, B, C, D=None):
+        return selective_scan_ref(u, delta, A.float(), B, C, D)
+
+    return mamba_ssm_ref
+
+
 def load_fn(name: str) -> Callable:
     """The callable benchmarked under ``name`` (raises if unavailable)."""
     if name == "oracle.selective_scan":
@@ -87,6 +131,8 @@ def load_fn(name: str) -> Callable:
         return retention
     if name == "fla.naive_retention":
         return _fla_naive()
+    if name == "mamba_ssm.selective_scan_ref":
+        return _mamba_ssm_ref()
     if name == "intree.retention_recurrent":
         from harness.kernels.retnet_forms import retention_recurrent
         return retention_recurrent
@@ -114,12 +160,15 @@ def inputs_for(name: str, length: int) -> tuple:
     return sel_inputs(length) if name in SEL_FNS else ret_inputs(length)  # retention, with or without norm
 
 
-SEL_FNS = ("oracle.selective_scan", "mambapy.selective_scan_seq")
+SEL_FNS = ("oracle.selective_scan", "mambapy.selective_scan_seq", "mamba_ssm.selective_scan_ref")
 RET_FNS = ("oracle.retention", "fla.naive_retention", "intree.retention_recurrent")
 NORMED_FNS = ("oracle.retention_normed", "torchscale.recurrent")
 #: The group norm's eps in the normed comparison (torchscale's default).
 NORM_EPS = 1e-6
 NOTES = {
+    "mamba_ssm.selective_scan_ref": "computes in float32 (casts u, delta, B, C; A passed in float32); "
+                                    "materialises exp(delta*A) and delta*B*u as (B, ED, L, N); built "
+                                    "without its CUDA extension (make bench-peers)",
     "torchscale.recurrent": "MultiScaleRetention.recurrent_forward once per step + its group norm; the layer "
                             "computes in float32 (harness.kernels.torchscale_adapter)",
     "mambapy.selective_scan_seq": "float64 in; materialises exp(delta*A) and B*x as (B, L, ED, N)",
@@ -134,6 +183,8 @@ TIME_BUDGET_S = 30.0
 PEER_MEMORY: dict[str, Callable[[int], float]] = {
     # exp(delta A), delta B, B x and the stacked states: about five (batch, L, ED, N) float64 tensors
     "mambapy.selective_scan_seq": lambda L: 5 * SEL_SHAPE["batch"] * L * SEL_SHAPE["dim"] * SEL_SHAPE["state"] * 8,
+    # exp(delta A) and delta B u, float32 (batch, ED, L, N), plus the float32 casts of the inputs
+    "mamba_ssm.selective_scan_ref": lambda L: 3 * SEL_SHAPE["batch"] * L * SEL_SHAPE["dim"] * SEL_SHAPE["state"] * 4,
     # the (heads, L, L) float32 decay mask, scores and their product: about three
     "fla.naive_retention": lambda L: 3 * RET_SHAPE["batch"] * RET_SHAPE["heads"] * L * L * 4,
 }

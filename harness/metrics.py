@@ -50,12 +50,18 @@ also counted out of domain (the bound admits that overflow). Elements out of dom
 
 Non-finite values are classified before any number is compared (numpy.testing's order), see
 `NONFINITE_CLASSES`.
+
+Speed. The common case (every element in domain, finite, sums of squares in range) is measured in one
+compiled pass (`harness._compiled_measure`, numba) that gives the same numbers as the chunked torch
+code below, which handles everything else; the pass reads about 50 bytes per output element and runs
+at a core's memory bandwidth (``docs/performance.md``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -329,18 +335,18 @@ def _quantiles(a: np.ndarray, qs: Sequence[float]) -> list[float]:
     return results
 
 
-def _fit_slope(e: torch.Tensor) -> float | None:
+def _fit_slope(e: np.ndarray) -> float | None:
     """Least-squares slope of log(e[t]) against log(t + 1) over t with 0 < e[t] < inf (>= 3 of them)."""
-    keep = (e > 0) & torch.isfinite(e)
-    if int(keep.sum()) < 3:
+    keep = np.flatnonzero((e > 0) & np.isfinite(e))
+    if keep.size < 3:
         return None
-    x = torch.log(torch.nonzero(keep)[:, 0].to(torch.float64) + 1.0)
-    y = torch.log(e[keep])
+    x = np.log(keep + 1.0)
+    y = np.log(e[keep])
     xm = x - x.mean()
-    var = float((xm * xm).sum())
+    var = float(xm @ xm)
     if var == 0.0:
         return None
-    return float((xm * (y - y.mean())).sum()) / var
+    return float(xm @ (y - y.mean())) / var
 
 
 def default_axis_names(ndim: int, length_axis: int) -> tuple[str, ...]:
@@ -365,17 +371,18 @@ def default_depth(length: int) -> int:
     return math.ceil(math.log2(max(length, 1))) + 1
 
 
-def _sample_ends(length: int) -> list[int]:
+@functools.lru_cache(maxsize=256)
+def _sample_ends(length: int) -> tuple[int, ...]:
     """Log-spaced positions in 0 .. L-1 (at most MAX_POSITION_SAMPLES), always including both ends."""
     if length <= MAX_POSITION_SAMPLES:
-        return list(range(length))
+        return tuple(range(length))
     ends: set[int] = {0, length - 1}
     k = MAX_POSITION_SAMPLES - 2
     while True:
         raw = np.geomspace(1.0, float(length), k)
         cand = ends | {int(round(v)) - 1 for v in raw}
         if len(cand) <= MAX_POSITION_SAMPLES or k <= 2:
-            return sorted(c for c in cand if 0 <= c < length)[:MAX_POSITION_SAMPLES]
+            return tuple(sorted(c for c in cand if 0 <= c < length)[:MAX_POSITION_SAMPLES])
         k -= 1
 
 
@@ -780,19 +787,16 @@ def _measure(
 
     # -- along the length -----------------------------------------------------------------------------
     fields["onset_t"] = _first_true(mismatch_t)
-    fields["growth_exponent"] = _fit_slope(per_t_abs)
-    fields["cond_growth_exponent"] = _fit_slope(per_t_cond)
+    pt_cond, pt_abs = per_t_cond.numpy(), per_t_abs.numpy()  # (-1: nothing compared at t)
+    fields["growth_exponent"] = _fit_slope(pt_abs)
+    fields["cond_growth_exponent"] = _fit_slope(pt_cond)
     half = math.ceil(length / 2)
-    for name, part in (("max_error_first_half", per_t_cond[:half]), ("max_error_second_half", per_t_cond[half:])):
-        m = float(part.max()) if part.numel() else -1.0
+    for name, part in (("max_error_first_half", pt_cond[:half]), ("max_error_second_half", pt_cond[half:])):
+        m = float(part.max()) if part.size else -1.0
         fields[name] = m if m >= 0 else math.nan
-    samples: list[tuple[int, float]] = []
-    prev = -1
-    for end in _sample_ends(length):
-        m = float(per_t_cond[prev + 1 : end + 1].max())
-        samples.append((end, m if m >= 0 else math.nan))
-        prev = end
-    fields["error_by_position"] = tuple(samples)
+    ends = _sample_ends(length)
+    maxima = np.maximum.reduceat(pt_cond, (0, *(e + 1 for e in ends[:-1])))  # over (previous end, end]
+    fields["error_by_position"] = tuple((e, float(m) if m >= 0 else math.nan) for e, m in zip(ends, maxima))
 
     # -- non-finite values and the domain ---------------------------------------------------------------
     if n_bad_nf:

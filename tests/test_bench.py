@@ -86,3 +86,20 @@ def test_records_carry_the_cases_own_time():
     rec = run_case(get("intree.blelloch_scan"), Problem(family="linear_scan", length=64))
     parts = sum(rec[k] for k in ("t_inputs", "t_oracle", "t_kernel", "t_baseline", "t_measure"))
     assert parts - 1e-5 <= rec["t_case"] < parts + 1.0  # (each timing is rounded to a microsecond)
+
+
+def test_mamba_ssm_peer_says_how_to_build_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("BENCH_PEERS", str(tmp_path))
+    with pytest.raises(RuntimeError, match="make bench-peers"):
+        bench.load_fn("mamba_ssm.selective_scan_ref")
+
+
+@pytest.mark.skipif(not (bench.Path(".bench-peers") / "mamba_ssm").is_dir(), reason="`make bench-peers` not run")
+def test_mamba_ssm_peer_runs_and_leaves_no_module_behind():
+    fn = bench.load_fn("mamba_ssm.selective_scan_ref")
+    assert not [m for m in sys.modules if m.startswith("mamba_ssm") or m == "selective_scan_cuda"]
+    args = bench.sel_inputs(32)
+    from reference_impls.selective_scan import selective_scan
+
+    out = fn(*args)  # float32 inside: agrees with the float64 oracle to float32's rounding
+    assert out.dtype == args[0].dtype and (out - selective_scan(*args)).abs().max() < 1e-4

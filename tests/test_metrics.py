@@ -542,7 +542,7 @@ def test_measure_restores_the_callers_thread_count():
 def test_position_samples_are_at_most_64_and_span_the_length(length):
     ends = metrics._sample_ends(length)
     assert 1 <= len(ends) <= metrics.MAX_POSITION_SAMPLES
-    assert ends[0] == 0 and ends[-1] == length - 1 and ends == sorted(set(ends))
+    assert ends[0] == 0 and ends[-1] == length - 1 and list(ends) == sorted(set(ends))
 
 
 def test_retention_layout_with_one_batch_flattens_to_a_strided_view():
