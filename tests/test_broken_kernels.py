@@ -9,11 +9,13 @@ harness), and a run of several kernels and cases through `harness.runner.run_cas
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
+import torch
 
 from harness.api import check
-from harness.kernels.guard import Outcome
+from harness.kernels.guard import Outcome, _run_with_timeout
 from harness.problems import Problem
 from harness.runner import RunOptions, run_case, run_cases
 from harness.store import RunStore, load_records
@@ -68,6 +70,37 @@ def test_timeout_is_bounded_by_the_option():
     assert record["outcome"] == "timeout"
     assert record["t_kernel"] < 0.2 + 2.0  # the guard gave up at the timeout, not when the kernel returned
     assert "0.2" in record["error"]
+
+
+def test_a_run_goes_on_after_a_timeout_on_a_fresh_caller_thread():
+    hang = next(k for k in BROKEN if k.outcome is Outcome.TIMEOUT).spec
+    correct = broken.BrokenKernel("correct", broken.correct_scan, Outcome.OK, "control").spec
+    seen: list[int] = []
+
+    def where(a, b):  # the control kernel, noting which thread ran it
+        seen.append(threading.get_ident())
+        return broken.correct_scan(a, b)
+
+    for _ in range(2):
+        assert run_case(correct, problem(), OPTIONS, kernel_fn=where)["outcome"] == "ok"
+    assert len(set(seen)) == 1 and seen[0] != threading.get_ident()  # one worker, reused
+    assert run_case(hang, problem(), RunOptions(timeout_s=0.2))["outcome"] == "timeout"
+    assert run_case(correct, problem(), OPTIONS, kernel_fn=where)["outcome"] == "ok"
+    assert seen[-1] != seen[0]  # the stuck worker was left behind; a new one took the call
+
+
+def test_the_kernel_runs_in_the_callers_grad_mode():
+    modes: list[bool] = []
+
+    def note(a, b):
+        modes.append(torch.is_grad_enabled())
+        return broken.correct_scan(a, b)
+
+    spec = broken.BrokenKernel("correct", broken.correct_scan, Outcome.OK, "control").spec
+    run_case(spec, problem(), OPTIONS, kernel_fn=note)  # the runner calls kernels under no_grad
+    with torch.enable_grad():
+        assert _run_with_timeout(torch.is_grad_enabled, 1.0) == ("ok", True)
+    assert modes and not any(modes)
 
 
 def test_nondeterminism_needs_the_determinism_check():
