@@ -18,6 +18,13 @@ Writes ``bench.md`` and ``bench.csv`` under ``--out`` and prints the tables.
 - Technique: the oracles' three loop implementations side by side (torch per-step loop, compiled
   `recur` only, compiled fused block kernels; see ``docs/performance.md``), and numba's first-use cost
   with an empty and with a warm cache, each in a fresh subprocess.
+- Cases: where a `harness.runner.run_case` case's time goes at the shapes above, from its record's
+  timings (the harness's share = measure + records; target under `HARNESS_TARGET`).
+- Test runs (full runs only; ``--no-tests`` skips them): ``make test``'s command serially and with
+  ``-n 2``, and the ci profile's cases per second per family from the serial run's records.
+- Peers: mambapy, fla, torchscale and the in-tree recurrent form come from the project's install;
+  mamba-ssm's reference from ``$BENCH_PEERS`` (``make bench-peers``, see `_mamba_ssm_ref`). A peer that
+  is missing is listed as skipped, with the reason.
 """
 
 from __future__ import annotations
