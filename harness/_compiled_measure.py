@@ -9,11 +9,13 @@ and `measure` runs its general torch code, which handles every case. The two giv
 the counts, maxima, positions, quantiles and per-position maxima exactly (the same IEEE operations
 on the same values, in float64, without fastmath, so without fused multiply-adds), and the norm-based
 fields (``rms_ratio``, ``cosine``) to rounding, since a sum of a million squares is added in a
-different order (``tests/test_metrics.py`` compares both paths field by field).
+different order (``tests/test_measure_paths.py`` compares both paths field by field).
 
-`select` finds nearest-rank quantiles of non-negative float64 values exactly: a histogram of the top
-16 bits of each value's bit pattern (whose integer order is the values' order) names the bin holding
-the rank, and only that bin's values are sorted.
+Quantiles stay exact. `select` finds nearest-rank quantiles of non-negative float64 values (the cond
+errors) by radix selection on their bit patterns, whose integer order is the values' order: a
+histogram of 16 bits at a time names the bin that holds the rank, until the bin's values are all equal
+or few enough to sort. The ULP distances, small integers nearly always, are counted in a histogram
+during the pass (`hist_quantiles`).
 
 numba is a dependency of the oracles already (``reference_impls._compiled``). Setting the environment
 variable ``SEQKERNEL_MEASURE_JIT=0`` before import turns this module off (`AVAILABLE` is False).
@@ -26,6 +28,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
+
+from harness.dtypes import INT_VIEW
 
 try:
     import numba
@@ -43,12 +47,10 @@ AVAILABLE: bool = numba is not None and not _DISABLED
 #: as `measure`'s torch code).
 SAFE_LO, SAFE_HI = 1e-100, 1e140
 
-_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
-             torch.bfloat16: torch.int16}
-
-#: `select` histograms 16 bits of the values' patterns at a time, from the top (sign, exponent and 4
-#: mantissa bits), and sorts a bin once it holds at most `_SMALL_BIN` values.
-_BINS = 1 << 15
+#: `select` histograms 16 bits of the values' patterns at a time (`_BINS` bins), from the top (sign,
+#: exponent and 4 mantissa bits: a shift of `_SHIFT`), and sorts a bin once it holds at most
+#: `_SMALL_BIN` values.
+_BINS = 1 << 16
 _SHIFT = 48
 _SMALL_BIN = 1 << 14
 _INF_BITS = int(np.array(np.inf).view(np.int64))
@@ -229,7 +231,7 @@ if numba is not None:
         # values' order; False for any other pattern); out[q] = the ranks[q]-th smallest pattern. Radix selection, 16 bits a level
         # from the top: keep the bin that holds the rank until its values are all equal (ties: ULP
         # distances, zeros) or few enough to sort.
-        nbins = _BINS << 1
+        nbins = _BINS
         hist0 = np.zeros(nbins, dtype=np.int64)
         lo0 = np.zeros(nbins, dtype=np.int64)
         hi0 = np.zeros(nbins, dtype=np.int64)
@@ -283,7 +285,7 @@ def _grid_bits(t: torch.Tensor, grid: torch.dtype) -> np.ndarray:
     needed)."""
     if t.dtype != grid:
         t = t.to(grid)
-    return t.view(_INT_VIEW[grid]).numpy()
+    return t.view(INT_VIEW[grid]).numpy()
 
 
 def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Tensor, SP: torch.Tensor,
@@ -298,7 +300,7 @@ def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Te
     Fills ``cond_vals`` (every element), ``ulp_vals`` (the ULP distances of `_ULP_BINS` or more; the
     others are counted in `FastSums.ulp_hist`) and the per-position tensors (also when it gives up).
     """
-    if not AVAILABLE or X.dtype != grid or grid not in _INT_VIEW:
+    if not AVAILABLE or X.dtype != grid or grid not in INT_VIEW:
         return None
     if any(t.dtype != torch.float64 for t in (O, MAG, GRO, SP, DP)):
         return None
@@ -317,7 +319,7 @@ def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Te
         BL = BL.to(x_wide.dtype)
     stats = np.zeros(18, dtype=np.float64)
     ulp_hist = np.zeros(_ULP_BINS, dtype=np.int64)
-    top = int(torch.iinfo(_INT_VIEW[grid]).max)
+    top = int(torch.iinfo(INT_VIEW[grid]).max)
     ref_f32 = grid == torch.float32  # rounded to float32 in the pass (no float32 copy of the oracle)
     ref_bits = _grid_bits(O[:1, :1, :1] if ref_f32 else O, grid)
     ok = _pass_kernel(O.numpy(), x_wide.numpy(), _grid_bits(X, grid), ref_bits, ref_f32,

@@ -154,7 +154,8 @@ def ulp_distance(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | str) -> 
     return dist.masked_fill_(nan, math.inf)
 
 
-_INT_VIEW: dict[torch.dtype, torch.dtype] = {
+#: The signed integer type of each float dtype's width: its bit patterns, as `grid_distance` reads them.
+INT_VIEW: dict[torch.dtype, torch.dtype] = {
     torch.float64: torch.int64,
     torch.float32: torch.int32,
     torch.float16: torch.int16,
@@ -173,7 +174,7 @@ def grid_distance(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
     cannot overflow the integer type); two of opposite signs ``m_x + m_y`` apart, summed in float64
     (it can exceed the integer type).
     """
-    iv = _INT_VIEW[xs.dtype]
+    iv = INT_VIEW[xs.dtype]
     bx = xs.contiguous().view(iv)
     by = ys.contiguous().view(iv)
     dist = (bx - by).abs_().to(torch.float64)  # right where the signs agree

@@ -681,7 +681,8 @@ def _measure(
             if worst_cond is None or cv > worst_cond[0]:
                 worst_cond = (cv, r0 + ci // length, ci % length)
             cond_max = max(cond_max, cv)
-            if (o_hi == 0 or o_hi > 1e-100) and o_hi < 1e140 and (dmax == 0 or dmax > 1e-100) and dmax < 1e140:
+            lo, hi = _compiled_measure.SAFE_LO, _compiled_measure.SAFE_HI
+            if all((v == 0 or v > lo) and v < hi for v in (o_hi, dmax)):
                 # plain sums of squares cannot overflow or lose mass to underflow here
                 norm_ref.add(float(torch.dot(o_c, o_c)), 0)
                 norm_diff.add(float(torch.dot(diff_c, diff_c)), 0)
