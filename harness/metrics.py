@@ -411,6 +411,8 @@ def _read_output(obj: Any, shape: tuple[int, ...], what: str) -> tuple[torch.Ten
 # measure
 
 
+@torch.no_grad()
+@_single_threaded()
 def measure(
     actual: Any,
     trace: Any,
@@ -432,33 +434,6 @@ def measure(
     cond error counted as a mismatch (pass the policy's); ``element_axes_names`` names the output's
     axes in messages (default: `default_axis_names`). Runs single-threaded (see `_single_threaded`).
     """
-    with torch.no_grad(), _single_threaded():
-        return _measure(
-            actual,
-            trace,
-            dtype=dtype,
-            baseline=baseline,
-            length_axis=length_axis,
-            depth=depth,
-            tf32=tf32,
-            cond_threshold=cond_threshold,
-            element_axes_names=element_axes_names,
-        )
-
-
-def _measure(
-    actual: Any,
-    trace: Any,
-    *,
-    dtype: torch.dtype | str,
-    baseline: Any = None,
-    length_axis: int = -1,
-    depth: int | None = None,
-    tf32: bool = False,
-    cond_threshold: float = COND_THRESHOLD,
-    element_axes_names: Sequence[str] | None = None,
-) -> Divergence:
-    """The body of `measure` (same arguments)."""
     info = dtypes.info(dtype)
     ref = getattr(trace, "out", None)
     if not isinstance(ref, torch.Tensor):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 #: Marker per verdict (kernel_error records carry no metrics and are not drawn).
 VERDICT_MARKERS: dict[str, str] = {"equivalent": "o", "divergent": "X", "out_of_domain": "^", "kernel_error": "s"}
@@ -98,6 +98,32 @@ def _ordered(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return canonical_order(records)
 
 
+def _plot_cond_series(ax, series: Mapping[Any, Sequence[Mapping[str, Any]]],
+                      x: Callable[[Mapping[str, Any]], float]) -> tuple[list, set[str]]:
+    """Each series' worst cond_max at each x as a line, every record as a marker of its verdict, and the
+    cond = 1 rounding bound; returns the legend handles and the verdicts drawn."""
+    handles, verdicts = [], set()
+    for i, (key, rs) in enumerate(sorted(series.items())):
+        style = _style(i)
+        worst_at: dict[float, float] = {}
+        for r in rs:
+            worst_at[x(r)] = max(_num(r.get("cond_max")), worst_at.get(x(r), 0.0))
+        xs = sorted(worst_at)
+        (line,) = ax.plot(xs, [worst_at[v] for v in xs], label=f"{key[0]} {key[1]}", linewidth=1.2, **style)
+        handles.append(line)
+        by_verdict: dict[str, list[Mapping[str, Any]]] = {}
+        for r in rs:
+            by_verdict.setdefault(str(r.get("verdict")), []).append(r)
+        for v, vr in sorted(by_verdict.items()):
+            verdicts.add(v)
+            ax.scatter([x(r) for r in vr], [_num(r.get("cond_max")) for r in vr],
+                       marker=VERDICT_MARKERS.get(v, "o"), color=style["color"], s=24, zorder=3)
+    ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1.0)
+    ax.annotate("rounding bound (cond = 1)", xy=(0.01, 1.0), xycoords=("axes fraction", "data"),
+                fontsize="small", color="0.3", va="bottom")
+    return handles, verdicts
+
+
 # ------------------------------------------------------------------------------------- error vs length
 def plot_error_vs_length(records: Sequence[Mapping[str, Any]], family: str, path: str | os.PathLike) -> Path | None:
     """cond_max against length (log-log) for one family; None (nothing written) when no record fits."""
@@ -107,26 +133,7 @@ def plot_error_vs_length(records: Sequence[Mapping[str, Any]], family: str, path
         return None
     fig, ax = _new_figure()
     series = _by_series(recs)
-    handles, verdicts = [], set()
-    for i, (key, rs) in enumerate(sorted(series.items())):
-        style = _style(i)
-        worst_at: dict[float, float] = {}
-        for r in rs:
-            L, c = _num(r.get("length")), _num(r.get("cond_max"))
-            worst_at[L] = max(c, worst_at.get(L, 0.0))
-        xs = sorted(worst_at)
-        (line,) = ax.plot(xs, [worst_at[x] for x in xs], label=f"{key[0]} {key[1]}", linewidth=1.2, **style)
-        handles.append(line)
-        by_verdict: dict[str, list[Mapping[str, Any]]] = {}
-        for r in rs:
-            by_verdict.setdefault(str(r.get("verdict")), []).append(r)
-        for v, vr in sorted(by_verdict.items()):
-            verdicts.add(v)
-            ax.scatter([_num(r.get("length")) for r in vr], [_num(r.get("cond_max")) for r in vr],
-                       marker=VERDICT_MARKERS.get(v, "o"), color=style["color"], s=24, zorder=3)
-    ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1.0)
-    ax.annotate("rounding bound (cond = 1)", xy=(0.01, 1.0), xycoords=("axes fraction", "data"),
-                fontsize="small", color="0.3", va="bottom")
+    handles, verdicts = _plot_cond_series(ax, series, lambda r: _num(r.get("length")))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length L")
@@ -164,26 +171,7 @@ def plot_error_vs_eps(records: Sequence[Mapping[str, Any]], path: str | os.PathL
 
     fig, ax = _new_figure()
     series = _by_series(recs)
-    handles, verdicts = [], set()
-    for i, (key, rs) in enumerate(sorted(series.items())):
-        style = _style(i)
-        worst_at: dict[float, float] = {}
-        for r in rs:
-            x = x_of(_num(r.get("eps")))
-            worst_at[x] = max(_num(r.get("cond_max")), worst_at.get(x, 0.0))
-        xs = sorted(worst_at)
-        (line,) = ax.plot(xs, [worst_at[x] for x in xs], label=f"{key[0]} {key[1]}", linewidth=1.2, **style)
-        handles.append(line)
-        by_verdict: dict[str, list[Mapping[str, Any]]] = {}
-        for r in rs:
-            by_verdict.setdefault(str(r.get("verdict")), []).append(r)
-        for v, vr in sorted(by_verdict.items()):
-            verdicts.add(v)
-            ax.scatter([x_of(_num(r.get("eps"))) for r in vr], [_num(r.get("cond_max")) for r in vr],
-                       marker=VERDICT_MARKERS.get(v, "o"), color=style["color"], s=24, zorder=3)
-    ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1.0)
-    ax.annotate("rounding bound (cond = 1)", xy=(0.01, 1.0), xycoords=("axes fraction", "data"),
-                fontsize="small", color="0.3", va="bottom")
+    handles, verdicts = _plot_cond_series(ax, series, lambda r: x_of(_num(r.get("eps"))))
     ax.set_xscale("log")
     ax.set_yscale("log")
     if has_zero:

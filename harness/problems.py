@@ -111,10 +111,14 @@ class Problem:
     # ----------------------------------------------------------------------------------- identity
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready fields (values included only when present)."""
-        d = dataclasses.asdict(self)
+        # a field-by-field copy: dataclasses.asdict deep-copies the values one float at a time (2.75 ms
+        # for 4096 of them, on every case a hypothesis draw carries)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["family"] = self.family.value
-        if d["values"] is None:
+        if self.values is None:
             del d["values"]
+        else:
+            d["values"] = {name: list(v) for name, v in self.values.items()}
         return d
 
     @classmethod

@@ -28,3 +28,14 @@ def test_saved_case_replays(path, harness_recorder):
 
 def test_there_are_saved_cases():
     assert CASES, "cases/counterexamples/ holds no saved case: the replay test would check nothing"
+
+
+def test_a_problems_dict_round_trips_and_is_its_own_copy():
+    from harness.problems import Problem
+
+    p = Problem(family="linear_scan", length=3, dim=1, values={"a": [0.5, 0.25, 1.0], "b": [1.0, -2.0, 3.0]})
+    d = p.to_dict()
+    assert Problem.from_dict(d) == p and d["values"] == p.values and d["family"] == "linear_scan"
+    d["values"]["a"][0] = 9.0  # a caller editing the dict (e.g. a shrunk case) leaves the problem as it was
+    assert p.values["a"][0] == 0.5
+    assert "values" not in Problem(family="linear_scan", length=3).to_dict()
