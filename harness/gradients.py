@@ -10,9 +10,14 @@ Gradients have no conditioning companion of their own, so the bound is normwise:
 is a sum of at most ``n`` terms, n the number of output elements (a parameter shared over time, batch
 and channels, such as A, B or D, sums that many), and a recursive sum of n terms errs by at most about
 ``n u sum|terms|`` (Higham's gamma_n). The trace handed to `measure` has ``growth = n * s`` with
-``s = max(max |reference gradient|, max|cotangent| * max|y| / max|x|)``: the second term is the
-natural size of dy/dx, so that a gradient that is exactly zero by cancellation (a norm over one
-element, say) still has a rounding scale. The same-dtype baseline (autograd through the same definitions run in the kernel's
+``s = max(max |reference gradient|, max|cotangent| * max m / max|x|)``, m the forward output's
+conditioning companion (the sum of the absolute values of its terms, `Trace.magnitude`): the second
+term is the natural size of the terms of dy/dx (each product term of y is linear in each input, so
+``|x| |d term/dx| = |term|``), so that a gradient that is exactly zero by cancellation still has a
+rounding scale. The magnitude, not ``|y|``, is what matters there: a norm over one element (dv = 1,
+eps = 0) has y = sign(o), an exact gradient of 0, and terms of size ``1/|o|`` that are large where o
+is small by cancellation; ``|y| = 1`` would miss them (a correct chunkwise kernel was called divergent
+at cond 1.01 in float64 that way). The same-dtype baseline (autograd through the same definitions run in the kernel's
 dtype) decides, as for outputs, whether a larger error is rounding the plain loop makes too.
 
 A case whose forward output is not equivalent is not differentiated: its forward record is returned
@@ -29,7 +34,7 @@ import torch
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import RunOptions, call_args, output_shape, run_case
+from harness.runner import RunOptions, call_args, output_shape, reference_trace, run_case
 from harness.verdict import judge
 from reference_impls.trace import Trace
 
@@ -126,8 +131,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         return [record]
     t_kernel = time.perf_counter() - t0
     x64 = {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
-    with torch.no_grad():
-        y_scale = float(_oracle_output(problem, x64, spec.convention).abs().max())
+    y_scale = float(reference_trace(problem, x64, spec.convention).magnitude.max())
     want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
     base = None
     if precision != "float64":

@@ -32,9 +32,12 @@ def test_gradients_match_the_oracle(spec, harness_policy):
     if not dtypes:
         pytest.skip(f"{spec.name} runs neither float64 nor float32 here")
     options = RunOptions(policy=harness_policy)
+    lim = limits()
+    slow = spec.capabilities.slow  # an interpreted kernel: as few and as short cases as the output suite
 
-    @settings(max_examples=max(3, limits().max_examples // 3))
-    @given(problem=problems(spec, dtypes=dtypes, max_length=256, regimes=("trained",)))
+    @settings(max_examples=lim.slow_max_examples if slow else max(3, lim.max_examples // 3))
+    @given(problem=problems(spec, dtypes=dtypes, max_length=min(256, lim.slow_max_length) if slow else 256,
+                            regimes=("trained",)))
     def search(problem):
         for record in gradient_case(spec, problem, options):
             assert record["verdict"] not in FAILING, f"{record['kernel']}: {record['why']}"
@@ -88,3 +91,31 @@ def test_a_kernel_that_detaches_an_input_is_found():
 def test_the_in_tree_scan_gradients_are_equivalent():
     records = gradient_case(get("intree.blelloch_scan"), Problem("linear_scan", 33, dtype="float32", dim=3))
     assert records and all(r["verdict"] == "equivalent" for r in records), [r["why"] for r in records]
+
+
+def test_a_norm_over_one_element_is_not_a_false_alarm():
+    """dv = 1, eps = 0: y = sign(o), whose exact gradient is 0 through terms of size 1/|o|. The bound takes
+    its scale from the forward's magnitude companion; with max|y| = 1 as the scale, the ci profile called
+    this correct chunkwise kernel divergent (cond 1.01 on grad[q], float64)."""
+    problem = Problem("retention_normed", 231, dtype="float64", regime="trained", seed=2_147_483_647, batch=2,
+                      heads=1, dk=8, dv=1, chunk_size=1, eps=0.0)
+    records = gradient_case(get("intree.retention_normed_chunkwise"), problem)
+    assert {r["grad_of"] for r in records} == {"q", "k", "v"}
+    assert all(r["verdict"] == "equivalent" for r in records), [r["why"] for r in records]
+
+
+def test_a_wrong_backward_through_the_norm_is_still_found():
+    """The wider scale of the test above still leaves a wrong adjoint far outside: the normed chunkwise
+    kernel with its backward through the norm dropped (the output detached from the norm's denominator)."""
+    from harness.kernels.retnet_forms import retention_parallel
+
+    def leaky(q, k, v, eps, **kw):
+        o = retention_parallel(q, k, v, **kw)
+        rms = (o.detach().square().mean(-1, keepdim=True) + eps).sqrt()  # wrong: no gradient through rms
+        return o / rms
+
+    spec = KernelSpec(name="planted.norm_detached", family="retention_normed", load=lambda: leaky,
+                      capabilities=Capabilities(dtypes=("float64",), autograd=True), source="test")
+    records = gradient_case(spec, Problem("retention_normed", 24, dtype="float64", batch=1, heads=2, dk=4, dv=4,
+                                          eps=1e-6, seed=3))
+    assert any(r["verdict"] == "divergent" for r in records), [r["why"] for r in records]

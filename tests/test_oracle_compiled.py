@@ -479,14 +479,18 @@ def test_generated_assembly_has_no_fma(dtype):
 
 
 # ------------------------------------------------------------------------------------------ fallback
-@pytest.fixture
-def no_kernels(monkeypatch):
+def _refuse_compiled(monkeypatch):
     """Every compiled wrapper raises: a run that succeeds took the torch loop."""
     def boom(*args, **kwargs):
         raise AssertionError("the compiled path was taken")
 
     for name in WRAPPERS:
         monkeypatch.setattr(_compiled, name, boom)
+
+
+@pytest.fixture
+def no_kernels(monkeypatch):
+    _refuse_compiled(monkeypatch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -517,19 +521,33 @@ def test_tensors_that_need_a_gradient_are_not_compiled():
         assert _loop.compiled(x) is (_compiled if _compiled.AVAILABLE else None)
 
 
-def test_without_numba_every_oracle_runs_in_torch(monkeypatch, no_kernels):
+def _every_oracle(dtype):
+    """Each oracle and trace once, on fixed inputs: (name, output) pairs."""
+    a, b, h = _linear(1, 2, 3, 40, dtype, h0=True)
+    args, kw = _selective(1, 2, 4, 3, 40, dtype)
+    q, k, v = _retention(1, 1, 40, 2, 4, 4, dtype)
+    outs = [("linear_recurrence", linear_recurrence(a, b, h, compute_dtype=dtype)),
+            ("selective_scan", selective_scan(*args, **kw, compute_dtype=dtype)),
+            ("retention", retention(q, k, v, compute_dtype=dtype))]
+    if dtype == torch.float64:
+        kw64 = {n: x.double() if isinstance(x, torch.Tensor) else x for n, x in kw.items()}
+        outs += [("linear_recurrence_trace", linear_recurrence_trace(a, b).out),
+                 ("selective_scan_trace", selective_scan_trace(*args, **kw64).out),
+                 ("retention_trace", retention_trace(q, k, v).out)]
+    return outs
+
+
+@pytest.mark.skipif(not _compiled.AVAILABLE, reason="numba is not available: there is no compiled path to compare")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_without_numba_every_oracle_runs_in_torch(monkeypatch, dtype):
+    """With numba switched off no compiled kernel is called, and every oracle and trace gives the
+    compiled path's bits (the torch loop is the definition the compiled one reproduces)."""
+    compiled = _every_oracle(dtype)
     monkeypatch.setattr(_compiled, "AVAILABLE", False)
-    for dtype in DTYPES:
-        a, b, h = _linear(1, 2, 3, 40, dtype, h0=True)
-        linear_recurrence(a, b, h, compute_dtype=dtype)
-        args, kw = _selective(1, 2, 4, 3, 40, dtype)
-        selective_scan(*args, **kw, compute_dtype=dtype)
-        q, k, v = _retention(1, 1, 40, 2, 4, 4, dtype)
-        retention(q, k, v, compute_dtype=dtype)
-    linear_recurrence_trace(a.double(), b.double())
-    selective_scan_trace(*(x.double() for x in args), **{k: v.double() if isinstance(v, torch.Tensor) else v
-                                                         for k, v in kw.items()})
-    retention_trace(q.double(), k.double(), v.double())
+    _refuse_compiled(monkeypatch)
+    in_torch = _every_oracle(dtype)
+    for (name, want), (_, got) in zip(compiled, in_torch):
+        assert got.dtype == want.dtype and torch.equal(got, want), name
 
 
 def test_environment_switch_turns_the_compiled_path_off():
