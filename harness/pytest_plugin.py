@@ -104,6 +104,23 @@ def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def worker_threads(cores: int, workers: int) -> int:
+    """Torch threads for one of ``workers`` xdist workers sharing ``cores``: the cores split, at least one.
+
+    Each worker otherwise takes torch's default (every core), so ``-n 2`` on 2 cores ran 4 threads whose
+    parallel regions wait on descheduled siblings; `make test` took 74 s idle and 143 s with one core busy.
+    """
+    return max(1, cores // max(1, workers))
+
+
+def _split_cores_between_workers() -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    import torch
+
+    torch.set_num_threads(worker_threads(cores, workers))
+
+
 # ------------------------------------------------------------------------------------------- options
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("seqkernel-harness", "numerical-equivalence harness: records, report and gate")
@@ -128,6 +145,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE_KEY] = state
 
     if _is_worker(config):
+        _split_cores_between_workers()
         workerinput = config.workerinput  # type: ignore[attr-defined]
         run_dir = workerinput.get(WORKERINPUT_RUN_DIR)
         state.worker = str(workerinput.get("workerid", "gw"))

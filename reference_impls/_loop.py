@@ -34,6 +34,7 @@ run in order and the carried state is the exact last state of the previous block
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from itertools import repeat
 from types import ModuleType
@@ -44,6 +45,28 @@ import torch
 #: Elements in one block buffer (2 MiB in float64). A block holds this many state elements in total,
 #: so the block's length is ``BLOCK_ELEMENTS // (elements of one step's state)`` (at least one step).
 BLOCK_ELEMENTS: int = 1 << 18
+
+
+@contextlib.contextmanager
+def single_threaded() -> Iterator[None]:
+    """Run torch's CPU operations on one thread, restoring the caller's setting afterwards (also a
+    decorator).
+
+    The oracles' block loops call small torch operations (the block's ``exp(delta * A)``, the torch
+    loop's per-step ops). With several threads each call is a parallel region whose OpenMP workers spin
+    and then wait for a sibling that another process has descheduled: on a 2-core machine with one core
+    kept busy, the selective-scan oracle at L=8192 took 1.2-1.8 s per call with torch's 2 threads and
+    0.05 s with one. The operations are small and memory-bound, so one thread loses nothing idle.
+    """
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def compiled(*tensors: torch.Tensor | None) -> ModuleType | None:

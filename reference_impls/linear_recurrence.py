@@ -39,6 +39,7 @@ def _check(a: object, b: object, h0: object) -> tuple[torch.Tensor, torch.Tensor
     return a, b, h0
 
 
+@_loop.single_threaded()
 @torch.no_grad()
 def _run(
     a: torch.Tensor,

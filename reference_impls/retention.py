@@ -98,6 +98,7 @@ def _check(q: object, k: object, v: object, gamma: object, scale: object):
     return q, k, v, gammas, scale_
 
 
+@_loop.single_threaded()
 @torch.no_grad()
 def _run(q, k, v, gammas, scale, *, dtype, device, with_trace):
     """The one loop: returns (o, trace or None)."""

@@ -107,6 +107,7 @@ def _per_channel(x: torch.Tensor, start: int, stop: int, dim: int) -> torch.Tens
     return blk if groups == 1 else blk.repeat_interleave(dim // groups, dim=2)
 
 
+@_loop.single_threaded()
 @torch.no_grad()
 def _run(u, delta, A, B, C, D, z, delta_bias, delta_softplus, *, dtype, device, with_trace):
     """The one loop: returns (y, last_state, trace or None); B, C are grouped (batch, G, N, L)."""

@@ -558,3 +558,31 @@ def test_environment_switch_turns_the_compiled_path_off():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "SEQKERNEL_ORACLE_JIT": "0"})
     assert out.stdout.strip() == "False SEQKERNEL_ORACLE_JIT=0 is set"
+
+
+def test_oracles_run_torch_single_threaded(monkeypatch):
+    """Inside the block loops torch runs on one thread (no oversubscribed parallel regions), and the
+    caller's thread count is restored afterwards."""
+    seen = []
+
+    def spy(real):
+        def wrapper(*tensors):
+            seen.append(torch.get_num_threads())
+            return real(*tensors)
+        return wrapper
+
+    monkeypatch.setattr(_loop, "fused", spy(_loop.fused))
+    monkeypatch.setattr(_loop, "compiled", spy(_loop.compiled))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a, b, h = _linear(1, 2, 3, 40, torch.float64, h0=True)
+        linear_recurrence(a, b, h)
+        args, kw = _selective(1, 2, 4, 3, 40, torch.float64)
+        selective_scan(*args, **kw)
+        q, k, v = _retention(1, 1, 40, 2, 4, 4, torch.float64)
+        retention(q, k, v)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert len(seen) >= 3 and set(seen) == {1}, seen

@@ -234,3 +234,22 @@ def test_the_header_shows_the_hypothesis_profile_and_its_limits(pytester, profil
     pytester.makeconftest("from harness.settings import register_profiles\nregister_profiles()\n")
     result = pytester.runpytest("-p", "no:cacheprovider", f"--hypothesis-profile={profile}")
     result.stdout.fnmatch_lines([f"seqkernel-harness hypothesis profile '{profile}': up to *"])
+
+
+def test_xdist_workers_split_the_cores(pytester):
+    """Each of -n 2 workers runs torch on its share of the cores, not on all of them."""
+    import os
+
+    from harness.pytest_plugin import worker_threads
+
+    assert [worker_threads(c, w) for c, w in ((2, 2), (16, 2), (16, 3), (1, 4), (8, 1))] == [1, 8, 5, 1, 8]
+    pytester.makepyfile(test_threads="""
+import torch
+def test_a(): print("THREADS", torch.get_num_threads())
+def test_b(): print("THREADS", torch.get_num_threads())
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "xdist", "-n", "2", "-rA")
+    result.assert_outcomes(passed=2)
+    cores = len(os.sched_getaffinity(0))
+    seen = {line.split("THREADS")[1].split()[0] for line in result.outlines if "THREADS " in line}
+    assert seen == {str(worker_threads(cores, 2))}, result.outlines
