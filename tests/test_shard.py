@@ -1,0 +1,112 @@
+"""Sharded sweeps: K of N jobs partition the cases, and the merged run reports what the unsharded run does."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from harness.cases import load_sweep
+from harness.errors import InvalidArgument
+from harness.report import build_report
+from harness.runner import RunOptions, run_cases, run_pairs
+from harness.shard import Shard, merge_runs, shard_header
+from harness.store import RunStore, environment, load_records
+
+SWEEP = """
+name = "shard_test"
+pairs = [["intree.retention_parallel", "intree.retention_chunkwise"]]
+[[group]]
+kernels = ["intree.blelloch_scan", "intree.sequential_scan"]
+[group.fixed]
+dim = 2
+[group.grid]
+length = [3, 17, 64]
+dtype = ["float32", "float64"]
+[[group]]
+kernels = ["intree.retention_parallel", "intree.retention_chunkwise"]
+[group.fixed]
+heads = 2
+dk = 4
+dv = 4
+chunk_size = 4
+[group.grid]
+length = [5, 16]
+dtype = ["float32", "float64"]
+"""
+
+TABLES = ("summary.csv", "cells.csv", "failures.csv")
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "1/0", "1", "a/b", "1/2/3", "-1/2", ""])
+def test_a_bad_shard_names_the_value(text):
+    with pytest.raises(InvalidArgument, match="shard"):
+        Shard.parse(text)
+
+
+@given(count=st.integers(1, 7), n=st.integers(0, 60))
+def test_shards_partition_the_cases(count, n):
+    items = list(range(n))
+    parts = [list(Shard(k, count).take(items)) for k in range(1, count + 1)]
+    assert sorted(x for part in parts for x in part) == items  # every case once, in one shard
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1  # round robin: balanced counts
+
+
+def _run(sweep, run_dir, shard=None):
+    options = RunOptions()
+    header = dict(environment(f"sweep:{sweep.name}"), **shard_header(shard))
+    take = (lambda xs: xs) if shard is None else shard.take
+    with RunStore(run_dir, header=header) as store:
+        run_cases(take(sweep.cases()), options, store=store)
+        for a, b, problem in take(sweep.pair_cases()):
+            from harness.runner import run_pair
+
+            run_pair(a, b, problem, options, store=store)
+    build_report(run_dir)
+
+
+def _without_timings(records):
+    return [{k: v for k, v in r.items() if not k.startswith("t_")} for r in records]
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shard")
+    (root / "shard_test.toml").write_text(SWEEP)
+    sweep = load_sweep(str(root / "shard_test.toml"))
+    _run(sweep, root / "whole")
+    for k in (1, 2, 3):
+        _run(sweep, root / f"part{k}", Shard(k, 3))
+    return root
+
+
+def test_the_merged_run_equals_the_unsharded_run(sharded):
+    merged = merge_runs([sharded / f"part{k}" for k in (3, 1, 2)], sharded / "merged")
+    build_report(sharded / "merged")
+    whole = load_records(sharded / "whole")
+    # 12 scan cases, 4 chunkwise retention cases (the parallel form takes no chunk size), 4 pair cases
+    assert len(whole) == 12 + 4 + 4
+    assert _without_timings(merged) == _without_timings(whole)
+    for name in TABLES:
+        assert (sharded / "merged" / name).read_text() == (sharded / "whole" / name).read_text(), name
+    parts = [len(load_records(sharded / f"part{k}")) for k in (1, 2, 3)]
+    assert sum(parts) == len(whole) and min(parts) > 0
+
+
+def test_merge_refuses_what_would_be_a_wrong_report(sharded, tmp_path):
+    with pytest.raises(InvalidArgument, match="missing"):
+        merge_runs([sharded / "part1", sharded / "part2"], tmp_path / "a")
+    assert len(merge_runs([sharded / "part1", sharded / "part2"], tmp_path / "b", allow_missing=True)) > 0
+    with pytest.raises(InvalidArgument, match="given twice"):
+        merge_runs([sharded / "part1", sharded / "part1", sharded / "part2"], tmp_path / "c")
+    with pytest.raises(InvalidArgument, match="overlap"):
+        merge_runs([sharded / "whole", sharded / "part1"], tmp_path / "d")
+    with pytest.raises(InvalidArgument, match="not a run directory"):
+        merge_runs([tmp_path / "nowhere"], tmp_path / "e")
+    import json
+
+    other = tmp_path / "other"
+    other.mkdir()
+    header = json.loads((sharded / "part3" / "run.json").read_text())
+    (other / "run.json").write_text(json.dumps(dict(header, torch="0.0-other")))
+    with pytest.raises(InvalidArgument, match="differ in 'torch'"):
+        merge_runs([sharded / "part1", sharded / "part2", other], tmp_path / "f")
