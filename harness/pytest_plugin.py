@@ -118,7 +118,9 @@ def _split_cores_between_workers() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     import torch
 
-    torch.set_num_threads(worker_threads(cores, workers))
+    threads = worker_threads(cores, workers)
+    torch.set_num_threads(threads)
+    os.environ.setdefault("SEQKERNEL_ORACLE_THREADS", str(threads))  # the oracles' compiled kernels
 
 
 # ------------------------------------------------------------------------------------------- options

@@ -57,6 +57,15 @@ numba has no float16/bfloat16 arithmetic, and the same-dtype baseline in those d
 operation in that dtype, so they keep the torch loop (as do CUDA tensors). Setting the environment
 variable ``SEQKERNEL_ORACLE_JIT=0`` before import turns the compiled path off (`AVAILABLE` is False).
 
+Threads. The fused kernels (the oracles' block kernels and the three traces) run their independent
+rows (batch x channels, batch x heads) with ``numba.prange`` on `thread_budget` threads: the cores this
+process may use, or ``$SEQKERNEL_ORACLE_THREADS`` (each pytest-xdist worker gets its share of the
+cores). Every row's operations and their order are the serial kernel's, so every thread count gives the
+same bits (``tests/test_oracle_compiled.py``). numba's workqueue layer is used (its workers sleep
+instead of spinning at each block's barrier, which collapsed under load), and launches are serialized
+across the process's threads, which that layer requires. `recur` and `recur_peak` stay serial: their
+loop is over steps, with rows inside.
+
 First use compiles each kernel for the dtype it meets (0.3-0.6 s per kernel and dtype; every array is
 passed C-contiguous, so there is one version per dtype); ``cache=True`` stores the machine code under
 ``NUMBA_CACHE_DIR`` (default: the ``__pycache__`` folder next to this file), so later processes load
@@ -66,6 +75,7 @@ all of it in about 0.35 s.
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import torch
@@ -122,6 +132,41 @@ def usable(*tensors: torch.Tensor | None) -> bool:
     )
 
 
+#: Environment variable: how many threads the fused kernels may use (default: the cores this process
+#: may run on). A pytest-xdist worker gets its share of the cores (``harness.pytest_plugin``).
+THREADS_ENV = "SEQKERNEL_ORACLE_THREADS"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def thread_budget() -> int:
+    """Threads for the fused kernels: ``$SEQKERNEL_ORACLE_THREADS`` or `available_cores`, at most numba's
+    pool. A value that is not a positive whole number is an error naming it."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"{THREADS_ENV}={text!r}: expected a whole number of threads >= 1")
+        wanted = int(text)
+    else:
+        wanted = available_cores()
+    return max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
+
+
+#: One parallel launch at a time in this process: numba's workqueue layer (below) must not be entered
+#: from two threads at once (the harness calls kernels, which may call the oracles, on another thread).
+_LAUNCH = threading.Lock()
+
+
+def _parallel(kernel, *args) -> None:
+    """Run a prange kernel on `thread_budget` threads (numba's setting is per calling thread)."""
+    with _LAUNCH:
+        numba.set_num_threads(thread_budget())
+        kernel(*args)
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     """A numpy view sharing ``t``'s memory (strides kept; no copy)."""
     return t.detach().numpy()
@@ -133,6 +178,15 @@ if numba is not None:
     # For the small helpers the kernels share: inlined by numba itself, so that LLVM optimizes (and
     # vectorizes) each kernel as one function (helpers left as calls made kernels up to 2x slower).
     _inline = numba.njit(cache=True, fastmath=False, nogil=True, inline="always")
+    # For the fused block kernels: independent rows (batch x channels, batch x heads) spread over
+    # threads with `numba.prange`; each row's arithmetic, and so every bit, is the serial kernel's.
+    # numba's "workqueue" threading layer: its workers sleep on a condition variable. The default layer
+    # here (OpenMP) spins at every block's barrier; on a 2-core machine with other processes running,
+    # 2 threads made the selective-scan oracle 5x slower than 1 (658 vs 121 ms at L=8192), where the
+    # workqueue gave 1.29x faster. A user who sets NUMBA_THREADING_LAYER keeps their choice.
+    _par = numba.njit(cache=True, fastmath=False, nogil=True, parallel=True)
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        numba.config.THREADING_LAYER = "workqueue"
 
     @_jit
     def _recur_kernel(decay, inp, prev, out):  # pragma: no cover - compiled
@@ -178,37 +232,37 @@ if numba is not None:
                 o[s] = _peak_step(prev[s], d[s], one)
             prev = o
 
-    @_jit
+    @_par
     def _linear_recurrence_trace_kernel(a, b, h0, outs, one):  # pragma: no cover - compiled
         # Every step of the linear recurrence and its trace. a, b (batch, channels, L); h0 (batch,
         # channels); outs = (h, magnitude, growth, state_peak, decay_peak), each (batch, channels, L).
         h_out, mag, growth, state_peak, decay_peak = outs
         batch, channels, length = a.shape
         zero = one - one
-        for i in range(batch):
-            for c in range(channels):
-                h = h0[i, c]
-                h_mag = abs(h)
-                h_growth = s_peak = d_peak = p = zero
-                for t in range(length):
-                    a_t = a[i, c, t]
-                    a_abs = abs(a_t)
-                    h = a_t * h
-                    h = h + b[i, c, t]  # h = a h + b
-                    h_mag = a_abs * h_mag
-                    h_mag = h_mag + abs(b[i, c, t])  # H = |a| H + |b|
-                    h_growth = a_abs * h_growth
-                    h_growth = h_growth + h_mag  # W = |a| W + H
-                    p = _peak_step(p, a_abs, one)  # P = max(P, 1) |a|
-                    s_peak = _running_max(s_peak, abs(h))
-                    d_peak = _running_max(d_peak, p)
-                    h_out[i, c, t] = h
-                    mag[i, c, t] = h_mag
-                    growth[i, c, t] = h_growth
-                    state_peak[i, c, t] = s_peak
-                    decay_peak[i, c, t] = d_peak
+        for r in numba.prange(batch * channels):
+            i, c = r // channels, r % channels
+            h = h0[i, c]
+            h_mag = abs(h)
+            h_growth = s_peak = d_peak = p = zero
+            for t in range(length):
+                a_t = a[i, c, t]
+                a_abs = abs(a_t)
+                h = a_t * h
+                h = h + b[i, c, t]  # h = a h + b
+                h_mag = a_abs * h_mag
+                h_mag = h_mag + abs(b[i, c, t])  # H = |a| H + |b|
+                h_growth = a_abs * h_growth
+                h_growth = h_growth + h_mag  # W = |a| W + H
+                p = _peak_step(p, a_abs, one)  # P = max(P, 1) |a|
+                s_peak = _running_max(s_peak, abs(h))
+                d_peak = _running_max(d_peak, p)
+                h_out[i, c, t] = h
+                mag[i, c, t] = h_mag
+                growth[i, c, t] = h_growth
+                state_peak[i, c, t] = s_peak
+                decay_peak[i, c, t] = d_peak
 
-    @_jit
+    @_par
     def _selective_scan_kernel(decay, dprime, u, B, C, D, has_d, rep_b, rep_c, start, state, y):  # pragma: no cover
         # Steps start, start+1, ..., start+n-1 with n = decay.shape[2]. decay (batch, dim, n, N);
         # dprime, u, y (batch, dim, L); B, C (batch, G, n, N): the block's steps; D (dim,); state
@@ -216,31 +270,31 @@ if numba is not None:
         # A channel's steps run in order; channels are independent, so running one channel's block
         # before the next changes no value.
         batch, dim, n, n_state = decay.shape
-        for b in range(batch):
-            for d in range(dim):
-                gb = d // rep_b
-                gc = d // rep_c
-                h = state[b, d]
-                for s in range(n):
-                    t = start + s
-                    a = decay[b, d, s]
-                    bs = B[b, gb, s]
-                    cs = C[b, gc, s]
-                    du = dprime[b, d, t] * u[b, d, t]
-                    x = a[0] * h[0]
-                    x = x + du * bs[0]
-                    h[0] = x
-                    acc = cs[0] * x
-                    for i in range(1, n_state):
-                        x = a[i] * h[i]
-                        x = x + du * bs[i]
-                        h[i] = x
-                        acc = acc + cs[i] * x
-                    if has_d:
-                        acc = acc + D[d] * u[b, d, t]
-                    y[b, d, t] = acc
+        for r in numba.prange(batch * dim):
+            b, d = r // dim, r % dim
+            gb = d // rep_b
+            gc = d // rep_c
+            h = state[b, d]
+            for s in range(n):
+                t = start + s
+                a = decay[b, d, s]
+                bs = B[b, gb, s]
+                cs = C[b, gc, s]
+                du = dprime[b, d, t] * u[b, d, t]
+                x = a[0] * h[0]
+                x = x + du * bs[0]
+                h[0] = x
+                acc = cs[0] * x
+                for i in range(1, n_state):
+                    x = a[i] * h[i]
+                    x = x + du * bs[i]
+                    h[i] = x
+                    acc = acc + cs[i] * x
+                if has_d:
+                    acc = acc + D[d] * u[b, d, t]
+                y[b, d, t] = acc
 
-    @_jit
+    @_par
     def _selective_scan_trace_kernel(decay, dprime, u, B, C, D, has_d, rep_b, rep_c, start, states, outs,
                                      n_terms, one):  # pragma: no cover - compiled
         # `_selective_scan_kernel` plus the trace. states = (h, H, W, P), each (batch, dim, N), updated
@@ -251,50 +305,50 @@ if numba is not None:
         y, mag, growth, state_peak, decay_peak = outs
         batch, dim, n, n_state = decay.shape
         zero = one - one
-        for b in range(batch):
-            for d in range(dim):
-                gb = d // rep_b
-                gc = d // rep_c
-                hs, hm, hw, hp = h[b, d], mag_h[b, d], growth_h[b, d], peak_h[b, d]
-                s_peak = state_peak[b, d, start - 1] if start > 0 else zero
-                d_peak = decay_peak[b, d, start - 1] if start > 0 else zero
-                for s in range(n):
-                    t = start + s
-                    a = decay[b, d, s]
-                    bs = B[b, gb, s]
-                    cs = C[b, gc, s]
-                    du = dprime[b, d, t] * u[b, d, t]
-                    for i in range(n_state):  # the recurrences, independent across n
-                        x = du * bs[i]
-                        h_i = a[i] * hs[i]
-                        hs[i] = h_i + x  # h = a h + (d' u) B
-                        m_i = a[i] * hm[i]
-                        m_i = m_i + abs(x)
-                        hm[i] = m_i  # H = a H + |(d' u) B|  (a = exp(.) >= 0)
-                        w_i = a[i] * hw[i]
-                        hw[i] = w_i + m_i  # W = a W + H
-                        hp[i] = _peak_step(hp[i], a[i], one)  # P = max(P, 1) a
-                    acc_y = acc_m = acc_g = zero
-                    for i in range(n_state):  # the output maps, summed over n left to right, and the maxima
-                        first = i == 0
-                        c_abs = abs(cs[i])
-                        acc_y = _sum_step(acc_y, cs[i] * hs[i], first)
-                        acc_m = _sum_step(acc_m, c_abs * hm[i], first)
-                        acc_g = _sum_step(acc_g, c_abs * hw[i], first)
-                        s_peak = _running_max(s_peak, abs(hs[i]))
-                        d_peak = _running_max(d_peak, hp[i])
-                    acc_g = acc_g + n_terms * acc_m
-                    if has_d:
-                        skip = D[d] * u[b, d, t]
-                        acc_y = acc_y + skip
-                        acc_m = acc_m + abs(skip)
-                        acc_g = acc_g + abs(skip)
-                    y[b, d, t] = acc_y
-                    mag[b, d, t] = acc_m
-                    growth[b, d, t] = acc_g
-                    s_peak = _running_max(s_peak, acc_m)  # the terms of C.h + D u, too
-                    state_peak[b, d, t] = s_peak
-                    decay_peak[b, d, t] = d_peak
+        for r in numba.prange(batch * dim):
+            b, d = r // dim, r % dim
+            gb = d // rep_b
+            gc = d // rep_c
+            hs, hm, hw, hp = h[b, d], mag_h[b, d], growth_h[b, d], peak_h[b, d]
+            s_peak = state_peak[b, d, start - 1] if start > 0 else zero
+            d_peak = decay_peak[b, d, start - 1] if start > 0 else zero
+            for s in range(n):
+                t = start + s
+                a = decay[b, d, s]
+                bs = B[b, gb, s]
+                cs = C[b, gc, s]
+                du = dprime[b, d, t] * u[b, d, t]
+                for i in range(n_state):  # the recurrences, independent across n
+                    x = du * bs[i]
+                    h_i = a[i] * hs[i]
+                    hs[i] = h_i + x  # h = a h + (d' u) B
+                    m_i = a[i] * hm[i]
+                    m_i = m_i + abs(x)
+                    hm[i] = m_i  # H = a H + |(d' u) B|  (a = exp(.) >= 0)
+                    w_i = a[i] * hw[i]
+                    hw[i] = w_i + m_i  # W = a W + H
+                    hp[i] = _peak_step(hp[i], a[i], one)  # P = max(P, 1) a
+                acc_y = acc_m = acc_g = zero
+                for i in range(n_state):  # the output maps, summed over n left to right, and the maxima
+                    first = i == 0
+                    c_abs = abs(cs[i])
+                    acc_y = _sum_step(acc_y, cs[i] * hs[i], first)
+                    acc_m = _sum_step(acc_m, c_abs * hm[i], first)
+                    acc_g = _sum_step(acc_g, c_abs * hw[i], first)
+                    s_peak = _running_max(s_peak, abs(hs[i]))
+                    d_peak = _running_max(d_peak, hp[i])
+                acc_g = acc_g + n_terms * acc_m
+                if has_d:
+                    skip = D[d] * u[b, d, t]
+                    acc_y = acc_y + skip
+                    acc_m = acc_m + abs(skip)
+                    acc_g = acc_g + abs(skip)
+                y[b, d, t] = acc_y
+                mag[b, d, t] = acc_m
+                growth[b, d, t] = acc_g
+                s_peak = _running_max(s_peak, acc_m)  # the terms of C.h + D u, too
+                state_peak[b, d, t] = s_peak
+                decay_peak[b, d, t] = d_peak
 
     @_inline
     def _row_step(g, row, inp, qi, acc, first):  # pragma: no cover - compiled
@@ -306,38 +360,38 @@ if numba is not None:
             row[j] = x
             acc[j] = _sum_step(acc[j], qi * x, first)
 
-    @_jit
+    @_par
     def _retention_kernel(gamma, q, k, v, start, stop, state, o):  # pragma: no cover - compiled
         # Steps start, ..., stop-1. gamma (heads,); q, k (batch, L, heads, dk); v, o (batch, L, heads, dv);
         # state (batch, heads, dk, dv), updated in place. o is q S, before the scale.
         batch, _, heads, dk = q.shape
         dv = v.shape[3]
-        for b in range(batch):
-            for hd in range(heads):
-                g = gamma[hd]
-                s = state[b, hd]
-                for t in range(start, stop):
-                    vt = v[b, t, hd]
-                    ot = o[b, t, hd]
-                    ki = k[b, t, hd, 0]
-                    qi = q[b, t, hd, 0]
-                    row = s[0]
+        for r in numba.prange(batch * heads):
+            b, hd = r // heads, r % heads
+            g = gamma[hd]
+            s = state[b, hd]
+            for t in range(start, stop):
+                vt = v[b, t, hd]
+                ot = o[b, t, hd]
+                ki = k[b, t, hd, 0]
+                qi = q[b, t, hd, 0]
+                row = s[0]
+                for j in range(dv):
+                    x = g * row[j]
+                    x = x + ki * vt[j]
+                    row[j] = x
+                    ot[j] = qi * x
+                for i in range(1, dk):
+                    ki = k[b, t, hd, i]
+                    qi = q[b, t, hd, i]
+                    row = s[i]
                     for j in range(dv):
                         x = g * row[j]
                         x = x + ki * vt[j]
                         row[j] = x
-                        ot[j] = qi * x
-                    for i in range(1, dk):
-                        ki = k[b, t, hd, i]
-                        qi = q[b, t, hd, i]
-                        row = s[i]
-                        for j in range(dv):
-                            x = g * row[j]
-                            x = x + ki * vt[j]
-                            row[j] = x
-                            ot[j] = ot[j] + qi * x
+                        ot[j] = ot[j] + qi * x
 
-    @_jit
+    @_par
     def _retention_trace_kernel(gamma, q, k, v, start, stop, states, decay_state, outs, one):  # pragma: no cover
         # `_retention_kernel` plus the trace. states = (S, H, W), each (batch, heads, dk, dv), and
         # decay_state (heads,) = P, updated in place; outs = (o, magnitude, growth, state_peak,
@@ -348,39 +402,41 @@ if numba is not None:
         batch, _, heads, dk = q.shape
         dv = v.shape[3]
         zero = one - one
-        kv = np.empty_like(v[0, 0, 0])  # k_i v of one step and row
-        kv_abs = np.empty_like(kv)  # |k_i v|
-        p_blk = np.empty(stop - start, dtype=decay_state.dtype)  # a head's P per step (the same for every b)
-        for hd in range(heads):
-            g = gamma[hd]
-            g_abs = abs(g)
+        p_all = np.empty((heads, stop - start), dtype=decay_state.dtype)  # each head's P per step
+        for hd in range(heads):  # P is the same for every b: once per head, before the rows
+            g_abs = abs(gamma[hd])
             p = decay_state[hd]
             for t in range(start, stop):
                 p = _peak_step(p, g_abs, one)
-                p_blk[t - start] = p
+                p_all[hd, t - start] = p
             decay_state[hd] = p
-            for b in range(batch):
-                d_peak = decay_peak[b, start - 1, hd, 0] if start > 0 else zero
-                for t in range(start, stop):
-                    vt = v[b, t, hd]
-                    s_peak = state_peak[b, t, hd]
+        for r in numba.prange(batch * heads):
+            b, hd = r // heads, r % heads
+            g = gamma[hd]
+            g_abs = abs(g)
+            kv = np.empty_like(v[0, 0, 0])  # k_i v of one step and row (scratch of this row's thread)
+            kv_abs = np.empty_like(kv)  # |k_i v|
+            d_peak = decay_peak[b, start - 1, hd, 0] if start > 0 else zero
+            for t in range(start, stop):
+                vt = v[b, t, hd]
+                s_peak = state_peak[b, t, hd]
+                for j in range(dv):
+                    s_peak[j] = state_peak[b, t - 1, hd, j] if t > 0 else zero
+                for i in range(dk):
+                    ki, qi = k[b, t, hd, i], q[b, t, hd, i]
                     for j in range(dv):
-                        s_peak[j] = state_peak[b, t - 1, hd, j] if t > 0 else zero
-                    for i in range(dk):
-                        ki, qi = k[b, t, hd, i], q[b, t, hd, i]
-                        for j in range(dv):
-                            x = ki * vt[j]
-                            kv[j] = x
-                            kv_abs[j] = abs(x)
-                        first = i == 0
-                        row, mag_row, growth_row = s_all[b, hd, i], mag_all[b, hd, i], growth_all[b, hd, i]
-                        _row_step(g, row, kv, qi, o[b, t, hd], first)  # S = g S + k v
-                        _row_step(g_abs, mag_row, kv_abs, abs(qi), mag[b, t, hd], first)  # H = |g| H + |k v|
-                        _row_step(g_abs, growth_row, mag_row, abs(qi), growth[b, t, hd], first)  # W = |g| W + H
-                        for j in range(dv):
-                            s_peak[j] = _running_max(s_peak[j], abs(row[j]))
-                    d_peak = _running_max(d_peak, p_blk[t - start])
-                    decay_peak[b, t, hd] = d_peak
+                        x = ki * vt[j]
+                        kv[j] = x
+                        kv_abs[j] = abs(x)
+                    first = i == 0
+                    row, mag_row, growth_row = s_all[b, hd, i], mag_all[b, hd, i], growth_all[b, hd, i]
+                    _row_step(g, row, kv, qi, o[b, t, hd], first)  # S = g S + k v
+                    _row_step(g_abs, mag_row, kv_abs, abs(qi), mag[b, t, hd], first)  # H = |g| H + |k v|
+                    _row_step(g_abs, growth_row, mag_row, abs(qi), growth[b, t, hd], first)  # W = |g| W + H
+                    for j in range(dv):
+                        s_peak[j] = _running_max(s_peak[j], abs(row[j]))
+                d_peak = _running_max(d_peak, p_all[hd, t - start])
+                decay_peak[b, t, hd] = d_peak
 
 
 # -------------------------------------------------------------------------------------- wrappers
@@ -436,7 +492,8 @@ def linear_recurrence_trace(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor,
     ``|h0|``, W and P at 0); outs: (h, magnitude, growth, state_peak, decay_peak), each (batch, channels,
     L), contiguous, written.
     """
-    _linear_recurrence_trace_kernel(_np(a), _np(b), _np(h0.contiguous()), tuple(map(_np, outs)), _scalar(a, 1))
+    _parallel(_linear_recurrence_trace_kernel, _np(a), _np(b), _np(h0.contiguous()), tuple(map(_np, outs)),
+              _scalar(a, 1))
 
 
 def _scan_args(decay: torch.Tensor, u: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None,
@@ -466,7 +523,7 @@ def selective_scan_block(decay: torch.Tensor, dprime: torch.Tensor, u: torch.Ten
     `reference_impls.selective_scan`); the gate is left to the caller.
     """
     blk, b_blk, c_blk, *rest = _scan_args(decay, u, B, C, D, start)
-    _selective_scan_kernel(blk, _np(dprime), _np(u), b_blk, c_blk, *rest, _np(state), _np(y))
+    _parallel(_selective_scan_kernel, blk, _np(dprime), _np(u), b_blk, c_blk, *rest, _np(state), _np(y))
 
 
 def selective_scan_trace_block(decay: torch.Tensor, dprime: torch.Tensor, u: torch.Tensor, B: torch.Tensor,
@@ -485,7 +542,7 @@ def selective_scan_trace_block(decay: torch.Tensor, dprime: torch.Tensor, u: tor
     is left to the caller.
     """
     blk, b_blk, c_blk, *rest = _scan_args(decay, u, B, C, D, start)
-    _selective_scan_trace_kernel(blk, _np(dprime), _np(u), b_blk, c_blk, *rest, tuple(map(_np, states)),
+    _parallel(_selective_scan_trace_kernel, blk, _np(dprime), _np(u), b_blk, c_blk, *rest, tuple(map(_np, states)),
                                  tuple(map(_np, outs)), _scalar(u, decay.shape[-1]), _scalar(u, 1))
 
 
@@ -497,7 +554,7 @@ def retention_block(gamma: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     gamma: (heads,); q, k: (batch, L, heads, dk); v, o: (batch, L, heads, dv), all contiguous (o's steps
     are written); state: (batch, heads, dk, dv), contiguous, updated in place.
     """
-    _retention_kernel(_np(gamma.contiguous()), _np(q), _np(k), _np(v), start, stop, _np(state), _np(o))
+    _parallel(_retention_kernel, _np(gamma.contiguous()), _np(q), _np(k), _np(v), start, stop, _np(state), _np(o))
 
 
 def retention_trace_block(gamma: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
@@ -514,5 +571,5 @@ def retention_trace_block(gamma: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     state_peak, decay_peak: running maxima of ``|S_ij|`` over i and the steps, and of P. o, magnitude and
     growth are left before their ``* scale``, ``* |scale|`` and ``+ dk * magnitude``.
     """
-    _retention_trace_kernel(_np(gamma.contiguous()), _np(q), _np(k), _np(v), start, stop, tuple(map(_np, states)),
+    _parallel(_retention_trace_kernel, _np(gamma.contiguous()), _np(q), _np(k), _np(v), start, stop, tuple(map(_np, states)),
                             _np(decay_state), tuple(map(_np, outs)), _scalar(q, 1))

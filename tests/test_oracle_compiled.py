@@ -586,3 +586,88 @@ def test_oracles_run_torch_single_threaded(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert len(seen) >= 3 and set(seen) == {1}, seen
+
+
+# ------------------------------------------------------------------------------------------ threads
+@pytest.mark.skipif(not _compiled.AVAILABLE, reason="numba is not available")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_thread_count_gives_the_same_bits(monkeypatch, dtype):
+    """Rows (batch x channels, batch x heads) run in parallel; each row's arithmetic is unchanged, so one
+    thread and every larger count give the same bits, traces included (odd row counts, so that the
+    threads' shares differ)."""
+    pool = _compiled.numba.config.NUMBA_NUM_THREADS
+    if pool < 2:
+        pytest.skip("numba's pool has one thread here")
+    runs = []
+    for threads in sorted({1, 2, pool}):
+        monkeypatch.setenv(_compiled.THREADS_ENV, str(threads))
+        assert _compiled.thread_budget() == threads
+        runs.append(_every_oracle_with_rows(dtype))
+    for other in runs[1:]:
+        for (name, want), (_, got) in zip(runs[0], other):
+            assert torch.equal(got, want), name
+
+
+def _every_oracle_with_rows(dtype):
+    a, b, h = _linear(2, 3, 5, 70, dtype, h0=True)
+    args, kw = _selective(2, 3, 7, 3, 70, dtype)
+    q, k, v = _retention(2, 3, 70, 3, 4, 5, dtype)
+    outs = [("selective_scan", selective_scan(*args, **kw, compute_dtype=dtype)),
+            ("retention", retention(q, k, v, compute_dtype=dtype))]
+    if dtype == torch.float64:
+        outs += [("linear_recurrence_trace", linear_recurrence_trace(a, b).out),
+                 ("selective_scan_trace", selective_scan_trace(*args, **kw)),
+                 ("retention_trace", retention_trace(q, k, v))]
+    flat = []
+    for name, value in outs:
+        if isinstance(value, torch.Tensor):
+            flat.append((name, value))
+        else:  # a Trace: every companion
+            flat += [(f"{name}.{f}", getattr(value, f)) for f in ("out", "magnitude", "growth", "state_peak",
+                                                                   "decay_peak")]
+    return flat
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_thread_budget_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv(_compiled.THREADS_ENV, value)
+    with pytest.raises(ValueError, match=_compiled.THREADS_ENV):
+        _compiled.thread_budget()
+
+
+def test_the_default_budget_is_the_cores_this_process_may_use(monkeypatch):
+    monkeypatch.delenv(_compiled.THREADS_ENV, raising=False)
+    assert _compiled.thread_budget() == min(_compiled.available_cores(), _compiled.numba.config.NUMBA_NUM_THREADS)
+
+
+@pytest.mark.skipif(not _compiled.AVAILABLE, reason="numba is not available")
+def test_oracles_called_from_two_threads_at_once_agree_and_survive():
+    """The kernel under test runs on another thread and may call the oracles (the sequential baselines
+    do) while this one does: launches are serialized, so numba's workqueue layer, which aborts the
+    process when entered from two threads at once, never sees that. Run in a child process, so that an
+    abort is a failed assertion here, not a lost test session."""
+    import subprocess
+    import sys
+
+    code = """
+import threading, torch
+from reference_impls.retention import retention
+from reference_impls.selective_scan import selective_scan
+g = torch.Generator().manual_seed(0)
+x = [torch.randn(2, 5, 300, generator=g, dtype=torch.float64), torch.rand(2, 5, 300, generator=g, dtype=torch.float64),
+     -torch.rand(5, 3, generator=g, dtype=torch.float64), torch.randn(2, 3, 300, generator=g, dtype=torch.float64),
+     torch.randn(2, 3, 300, generator=g, dtype=torch.float64)]
+q = torch.randn(2, 300, 3, 4, generator=g, dtype=torch.float64)
+want = (selective_scan(*x), retention(q, q, q))
+bad = []
+def work():
+    for _ in range(20):
+        if not (torch.equal(selective_scan(*x), want[0]) and torch.equal(retention(q, q, q), want[1])):
+            bad.append(1)
+threads = [threading.Thread(target=work) for _ in range(3)]
+[t.start() for t in threads]; [t.join() for t in threads]
+print("OK" if not bad else "MISMATCH")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, _compiled.THREADS_ENV: "2"})
+    assert out.returncode == 0 and out.stdout.strip() == "OK", (out.returncode, out.stdout, out.stderr[-2000:])

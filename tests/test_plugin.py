@@ -245,11 +245,14 @@ def test_xdist_workers_split_the_cores(pytester):
     assert [worker_threads(c, w) for c, w in ((2, 2), (16, 2), (16, 3), (1, 4), (8, 1))] == [1, 8, 5, 1, 8]
     pytester.makepyfile(test_threads="""
 import torch
-def test_a(): print("THREADS", torch.get_num_threads())
-def test_b(): print("THREADS", torch.get_num_threads())
+from reference_impls._compiled import thread_budget
+def test_a(): print("THREADS", torch.get_num_threads(), thread_budget())
+def test_b(): print("THREADS", torch.get_num_threads(), thread_budget())
 """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "xdist", "-n", "2", "-rA")
     result.assert_outcomes(passed=2)
     cores = len(os.sched_getaffinity(0))
-    seen = {line.split("THREADS")[1].split()[0] for line in result.outlines if "THREADS " in line}
-    assert seen == {str(worker_threads(cores, 2))}, result.outlines
+    seen = {tuple(line.split("THREADS")[1].split()) for line in result.outlines if "THREADS " in line}
+    share = str(worker_threads(cores, 2))
+    assert seen == {(share, share)}, result.outlines  # torch's threads and the oracles' compiled kernels'
+
