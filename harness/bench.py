@@ -30,6 +30,7 @@ Writes ``bench.md`` and ``bench.csv`` under ``--out`` and prints the tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gc
 import json
@@ -40,7 +41,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -365,6 +366,79 @@ def oracle_vs_peers(groups: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------------------------ threads
+#: (family, oracle, peer) compared per thread count and load.
+THREAD_PAIRS = (("selective_scan", "oracle.selective_scan", "mambapy.selective_scan_seq"),
+                ("retention", "oracle.retention", "intree.retention_recurrent"),
+                ("retention_normed", "oracle.retention_normed", "torchscale.recurrent"))
+
+
+@contextlib.contextmanager
+def busy_core(core: int = 0) -> Iterator[None]:
+    """A competing process spinning on ``core`` for the duration (the same load for every contender)."""
+    code = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.2)  # let it start spinning
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def thread_count(threads: int) -> Iterator[None]:
+    """torch's intra-op threads and the oracles' compiled kernels (`reference_impls._compiled`) at
+    ``threads``, restored afterwards."""
+    from reference_impls._compiled import THREADS_ENV
+
+    before, env = torch.get_num_threads(), os.environ.get(THREADS_ENV)
+    torch.set_num_threads(threads)
+    os.environ[THREADS_ENV] = str(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+        if env is None:
+            os.environ.pop(THREADS_ENV, None)
+        else:
+            os.environ[THREADS_ENV] = env
+
+
+def thread_scaling(length: int, reps: int) -> list[dict]:
+    """Oracle vs peer at 1, 2 and all cores, on the machine as it is ("idle") and with one core kept
+    busy by another process ("busy"): time and ratio per cell, every contender under the same load."""
+    from reference_impls._compiled import available_cores
+
+    counts = sorted({1, min(2, available_cores()), available_cores()})
+    loaded = [("idle", contextlib.nullcontext)]
+    if hasattr(os, "sched_setaffinity"):
+        loaded.append(("busy", busy_core))
+    rows = []
+    for family, oracle, peer in THREAD_PAIRS:
+        try:
+            fns = {n: load_fn(n) for n in (oracle, peer)}
+        except Exception as exc:  # noqa: BLE001 - a missing peer is reported, not fatal
+            rows.append({"group": "threads", "family": family, "L": length, "threads": None, "load": None,
+                         "oracle_s": None, "peer": f"skipped: {type(exc).__name__}: {exc}", "peer_s": None,
+                         "oracle_x_faster": None})
+            continue
+        args = inputs_for(oracle, length)
+        with torch.no_grad():
+            for fn in fns.values():
+                fn(*inputs_for(oracle, 16))  # imports and JIT outside the timings
+        for load, context in loaded:
+            with context():
+                for threads in counts:
+                    with thread_count(threads):
+                        t_oracle, _ = best_time(fns[oracle], args, reps)
+                        t_peer, _ = best_time(fns[peer], args, reps)
+                    rows.append({"group": "threads", "family": family, "L": length, "threads": threads,
+                                 "load": load, "oracle_s": float(f"{t_oracle:.4g}"), "peer": peer,
+                                 "peer_s": float(f"{t_peer:.4g}"), "oracle_x_faster": round(t_peer / t_oracle, 2)})
+    return rows
+
+
 # ------------------------------------------------------------------------------------------ suite
 #: The harness's own work (metrics, records) should stay under this share of a case's time at L >= 1024.
 HARNESS_TARGET = 0.10
@@ -639,6 +713,7 @@ def run(out: Path, lengths: list[int], case_lengths: list[int], reps: int, mem: 
     if test_runs:
         groups["make_test"], groups["ci_suite"] = make_test_runs()
     groups["oracle_step"] = oracle_step_cost(step_length, list(step_batches))
+    groups["threads"] = thread_scaling(technique_length, reps)
     total = time.perf_counter() - t0
     titles = {
         "summary": f"Oracle vs the fastest peer (float64; target: oracle >= {TARGET_RATIO:g}x faster at L >= 8192; "
@@ -656,6 +731,8 @@ def run(out: Path, lengths: list[int], case_lengths: list[int], reps: int, mem: 
         "ci_suite": "ci profile: generated cases per second per family (records of the serial run; each case's "
                     "own time, t_case)",
         "oracle_step": "Selective-scan oracle cost per step vs batch (what limits it)",
+        "threads": "Oracle vs peer by thread count (torch's and the oracle's), on the machine as found (idle) and "
+                   "with one core kept busy by a spinning process (busy); best of the repetitions",
     }
     from reference_impls import _compiled
 

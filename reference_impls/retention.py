@@ -174,6 +174,7 @@ def _norm(o: torch.Tensor, eps: float, kind: str) -> tuple[torch.Tensor, torch.T
     return o / denom, denom
 
 
+@_loop.single_threaded()  # the norm's whole-tensor ops too (see `_loop.single_threaded`)
 def group_norm(
     o: torch.Tensor,
     eps: float,
@@ -221,6 +222,7 @@ def retention(
     return o
 
 
+@_loop.single_threaded()  # the norm's whole-tensor ops too (see `_loop.single_threaded`)
 def retention_normed(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -257,6 +259,7 @@ def retention_trace(
     return trace
 
 
+@_loop.single_threaded()  # the norm's whole-tensor ops too (see `_loop.single_threaded`)
 def retention_normed_trace(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from harness import bench
 
@@ -111,3 +112,27 @@ def test_mamba_ssm_peer_runs_and_leaves_no_module_behind():
 
     out = fn(*args)  # float32 inside: agrees with the float64 oracle to float32's rounding
     assert out.dtype == args[0].dtype and (out - selective_scan(*args)).abs().max() < 1e-4
+
+
+def test_thread_scaling_measures_every_contender_idle_and_busy(monkeypatch):
+    """Each (family, threads, load) cell times the oracle and its peer under the same load; the busy cells
+    run while a spinning process holds a core, and the thread setting is restored afterwards."""
+    seen_busy = []
+    real_busy = bench.busy_core
+
+    @__import__("contextlib").contextmanager
+    def spying_busy(core=0):
+        with real_busy(core):
+            seen_busy.append(core)
+            yield
+
+    monkeypatch.setattr(bench, "busy_core", spying_busy)
+    before = torch.get_num_threads()
+    rows = bench.thread_scaling(64, 1)
+    assert torch.get_num_threads() == before
+    ran = [r for r in rows if r["threads"] is not None]
+    assert {r["family"] for r in ran} >= {"selective_scan", "retention"}
+    assert {r["load"] for r in ran} == {"idle", "busy"} and seen_busy
+    for r in ran:
+        assert r["oracle_s"] > 0 and r["peer_s"] > 0
+        assert r["oracle_x_faster"] == pytest.approx(r["peer_s"] / r["oracle_s"], rel=0.01, abs=0.01)
