@@ -82,7 +82,9 @@ def tables_of(report_dir: Path) -> dict[str, object]:
     doc.pop("header")
     tables: dict[str, object] = {name: (report_dir / name).read_bytes() for name in TABLE_FILES}
     tables["report.json"] = doc
-    tables["index.md"] = (report_dir / "index.md").read_text().split("## Summary", 1)[1]
+    # the run header (its command and start time differ) is the folded section at the end
+    tables["index.md"] = (report_dir / "index.md").read_text().split("## Summary", 1)[1].split(
+        "<summary>Run header</summary>")[0]
     return tables
 
 
