@@ -84,8 +84,10 @@ class Finding:
     def line(self) -> str:
         """The finding as one line of text (Markdown)."""
         if self.everything_else or (self.verdict == "equivalent" and len(self.kernels) > 3):
-            who = (f"{'Everything else' if self.everything_else else 'Every kernel'} ({len(self.kernels)} "
-                   f"kernels and pairs; {', '.join(self.dtypes)})")
+            pairs = sum(1 for k in self.kernels if " vs " in k)
+            singles = len(self.kernels) - pairs
+            count = f"{singles} kernel{'s' if singles != 1 else ''}" + (f" and {pairs} pair{'s' if pairs > 1 else ''}" if pairs else "")
+            who = f"{'Everything else' if self.everything_else else 'Every kernel'} ({count}; {', '.join(self.dtypes)})"
         else:
             who = f"{kernel_list(self.kernels)} ({', '.join(self.dtypes)})"
             if self.regimes and self.verdict != "equivalent":
@@ -170,6 +172,10 @@ def evidence(recs: Sequence[Mapping[str, Any]], *, breakdown: bool = True) -> st
                 parts.append(f"{what} {span}")
     if not by_eps and not domain:
         parts.insert(0, _worst(recs, pair))
+    if pair:  # what each side's verdict against the oracle was
+        sides = sorted({f"A {r.get('a_verdict')}, B {r.get('b_verdict')}" for r in recs if r.get("a_verdict")})
+        if sides:
+            parts.append("against the oracle: " + " | ".join(sides))
     if errors:
         parts.append("; ".join(errors))
     return "; ".join(p for p in parts if p)

@@ -361,19 +361,26 @@ def plot_case(record: Mapping[str, Any], path: str | os.PathLike) -> Path | None
     else:
         import numpy as np
 
+        # in units of the dtype's largest finite value, so that float64's 1.8e308 stays on a log axis
+        scale = max_finite if math.isfinite(max_finite) else 1.0
         t_all = np.arange(len(state[0]))
+        shown = []
         for values, label, color in ((state[0], "oracle |state|, running peak", "tab:green"),
                                      (state[1], "product of decays, running peak", "tab:olive")):
-            keep = np.isfinite(values) & (values > 0)
+            ratio = values / scale
+            keep = np.isfinite(ratio) & (ratio > 0)
             if keep.any():
-                ax2.plot(t_all[keep], values[keep], color=color, linewidth=1.2, label=label)
-        if math.isfinite(max_finite):
-            ax2.axhline(max_finite, color="tab:red", linestyle="--", linewidth=1.0,
-                        label=f"{precision} max ({max_finite:.3g})")
+                ax2.plot(t_all[keep], ratio[keep], color=color, linewidth=1.2, label=label)
+                shown.append(ratio[keep])
+        ax2.axhline(1.0, color="tab:red", linestyle="--", linewidth=1.0,
+                    label=f"{precision} max ({max_finite:.3g})" if math.isfinite(max_finite) else "1")
+        low = min((float(r.min()) for r in shown), default=1e-3)
+        high = max((float(r.max()) for r in shown), default=1.0)
         ax2.set_yscale("log")
+        ax2.set_ylim(max(low / 10, 1e-300), max(high, 1.0) * 10)
         ax2.legend(loc="upper left", fontsize="x-small", framealpha=0.8)
         ax2.grid(True, which="major", alpha=0.3)
-    ax2.set_ylabel("magnitude")
+    ax2.set_ylabel(f"magnitude / {precision} max")
     ax2.set_xlabel("position t along the sequence")
     ax2.set_xlim(-0.5 if length <= 64 else 0, max(length - 0.5, ts[-1] + 0.5))
     if length > 64:
