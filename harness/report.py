@@ -3,8 +3,12 @@
 `build_report(run_dir)` reads the run's records (`harness.store.load_records`) and header and writes,
 into ``out_dir`` (default: the run directory):
 
-- ``index.md``: GitHub-flavoured Markdown, headline first (the count of each verdict and the run's
-  header: harness, torch, python, device, commit, profile), then the tables below and the figures;
+- ``index.md``: GitHub-flavoured Markdown that a reviewer can act on from its first screen: the count
+  of each verdict and the run header in one line, the findings (`harness.findings`: one line per
+  conclusion, worst first, with its cause and supporting number), the sweep's declared question and
+  its table (`harness.answers`, from the header), the summary with its cause column (all-equivalent
+  rows folded when there are many); then, folded in ``<details>``, the failing cases (each linked to
+  its figure, with replay commands), the cells, the growth fits, the figures and the full header;
 - ``summary.csv``: per kernel and dtype, the verdict counts and the worst case, worst first;
 - ``cells.csv``: per kernel x dtype x length bucket x eps x chunk_size x regime (a *cell*; the gate
   matches runs on the same key): max abs, max rel, RMS ratio, ULP p99, condition-normalized error
@@ -14,7 +18,8 @@ into ``out_dir`` (default: the run directory):
   three or more distinct lengths;
 - ``failures.csv``: every case whose verdict is not ``equivalent``, with its replay command;
 - ``report.json``: the header and every table;
-- ``plot_*.png``: the figures of `harness.plots` (``plots=True``).
+- ``plot_*.png``: the figures of `harness.plots` (``plots=True``);
+- ``case_<kernel>_<case>.png``: the first failing cases along the sequence (`harness.plots.plot_case`).
 
 Everything is derived from the records, and the same records give byte-identical files: rows are
 sorted, floats are written with a fixed format ("{:.3g}" in Markdown, "{:.6g}" in CSV and JSON), and
