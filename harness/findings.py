@@ -11,8 +11,9 @@ cause, the number that supports it and how many cases it covers, e.g.::
 The supporting number is read from the fields the records carry, not from the cause's name, so a new
 cause or verdict (a new judging rule) gets its own line without a change here:
 
-- records at several eps, or records that carry ``eps0_cond_max`` (the same case rerun at eps = 0):
-  the worst error at each eps (``cond_max``; ``ab_max_abs`` for a pair);
+- records at 2 to `MAX_EPS_LISTED` eps values (a sweep's grid, not random draws), unless the inputs
+  left the domain: the worst error at each eps (``cond_max``; ``ab_max_abs`` for a pair); records that
+  carry ``eps0_cond_max`` (the same case rerun at eps = 0): that error too;
 - records with ``domain_onset_t``: the positions where the inputs leave the dtype's range, and why
   (``domain_cause``);
 - records with ``onset_t`` / ``first_nonfinite_t``: the first mismatched / non-finite positions;
@@ -58,6 +59,9 @@ DOMAIN_PHRASES: dict[str, str] = {
 
 #: What a verdict says about who is at fault, appended to its findings.
 VERDICT_TAILS: dict[str, str] = {"out_of_domain": "no kernel at fault"}
+
+#: The most eps values a finding lists one by one (a sweep's grid; more are random draws).
+MAX_EPS_LISTED = 6
 
 #: Distinct error messages quoted per kernel-error finding, and their length.
 MAX_ERRORS, MAX_ERROR_CHARS = 2, 120
@@ -159,8 +163,8 @@ def evidence(recs: Sequence[Mapping[str, Any]], *, breakdown: bool = True) -> st
     errors = _errors(recs)
     if errors and not any(r.get("cond_max") is not None for r in recs):
         return "; ".join(errors)
-    by_eps = _by_eps(recs, pair)
     domain = _domain(recs)
+    by_eps, at_eps0 = ("", "") if domain else _by_eps(recs, pair)
     if domain:
         parts.append(domain)
     if by_eps:
@@ -171,7 +175,7 @@ def evidence(recs: Sequence[Mapping[str, Any]], *, breakdown: bool = True) -> st
             if span:
                 parts.append(f"{what} {span}")
     if not by_eps and not domain:
-        parts.insert(0, _worst(recs, pair))
+        parts.insert(0, _worst(recs, pair) + (f", {at_eps0}" if at_eps0 else ""))
     if pair:  # what each side's verdict against the oracle was
         sides = sorted({f"A {r.get('a_verdict')}, B {r.get('b_verdict')}" for r in recs if r.get("a_verdict")})
         if sides:
@@ -181,22 +185,27 @@ def evidence(recs: Sequence[Mapping[str, Any]], *, breakdown: bool = True) -> st
     return "; ".join(p for p in parts if p)
 
 
-def _by_eps(recs: Sequence[Mapping[str, Any]], pair: bool) -> str:
+def _by_eps(recs: Sequence[Mapping[str, Any]], pair: bool) -> tuple[str, str]:
+    """(the worst error at each eps, when the records span 2 to `MAX_EPS_LISTED` eps values; the worst
+    error of the same cases rerun at eps = 0, when the records carry it)."""
     from harness.report import format_value, number
 
     field, label = ("ab_max_abs", "max |A - B|") if pair else ("cond_max", "cond")
     eps_values = {number(r.get("eps")) for r in recs if r.get("eps") is not None}
     eps_values = {e for e in eps_values if math.isfinite(e)}
     eps0 = [number(r.get("eps0_cond_max")) for r in recs if r.get("eps0_cond_max") is not None]
-    if len(eps_values) < 2 and not eps0:
-        return ""
+    at_eps0 = f"{format_value(_worst_value(eps0))} at eps 0 (the same cases rerun)" if eps0 and 0.0 not in eps_values \
+        else ""
+    if not 2 <= len(eps_values) <= MAX_EPS_LISTED:  # one eps, or eps drawn at random: no axis to read
+        return "", at_eps0
     items = []
-    for i, e in enumerate(sorted(eps_values, reverse=True)):
+    for e in sorted(eps_values, reverse=True):
         worst = _worst_value(number(r.get(field)) for r in recs if number(r.get("eps")) == e)
-        items.append(f"{format_value(worst)} at {'eps ' if i == 0 else ''}{format_value(e, '{:g}')}")
-    if eps0 and 0.0 not in eps_values:
-        items.append(f"{format_value(_worst_value(eps0))} at eps 0 (the same cases rerun)")
-    return f"{label} " + ", ".join(items)
+        if not math.isnan(worst):
+            items.append(f"{format_value(worst)} at {'eps ' if not items else ''}{format_value(e, '{:g}')}")
+    if at_eps0:
+        items.append(at_eps0)
+    return (f"{label} " + ", ".join(items) if items else ""), ""
 
 
 def _domain(recs: Sequence[Mapping[str, Any]]) -> str:

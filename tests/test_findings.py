@@ -201,6 +201,18 @@ def test_a_new_cause_gets_its_own_line_without_code_changes():
     ]
 
 
+def test_eps_drawn_at_random_is_not_listed_one_by_one():
+    """A property-based run draws eps at random: seven values are no axis to read; the domain is the story."""
+    drawn = [_record("k", "divergent", "eps_effect", family="retention_normed", eps=10.0 ** -e, cond_max=2.0 + e,
+                     eps0_cond_max=0.3) for e in range(3, 10)]
+    assert findings(drawn)[0].evidence == "worst cond 11 (float32 L=64 trained), 0.3 at eps 0 (the same cases rerun)"
+    grid = drawn[:2]
+    assert findings(grid)[0].evidence == "cond 5 at eps 0.001, 6 at 0.0001, 0.3 at eps 0 (the same cases rerun)"
+    overflow = [{**r, "verdict": "out_of_domain", "cause": "input_overflow", "domain_onset_t": 4,
+                 "domain_cause": "state"} for r in grid]
+    assert findings(overflow)[0].evidence == "out of domain at t=4: the float64 state exceeds the dtype's max"
+
+
 def test_kernel_list_folds_package_prefixes():
     assert kernel_list(["torchscale.chunkwise", "torchscale.parallel", "intree.blelloch_scan", "my_kernel",
                         "a.x vs a.y"]) == "torchscale.{chunkwise, parallel}, intree.blelloch_scan, my_kernel, a.x vs a.y"
