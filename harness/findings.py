@@ -14,8 +14,8 @@ cause or verdict (a new judging rule) gets its own line without a change here:
 - records at 2 to `MAX_EPS_LISTED` eps values (a sweep's grid, not random draws), unless the inputs
   left the domain: the worst error at each eps (``cond_max``; ``ab_max_abs`` for a pair); records that
   carry ``eps0_cond_max`` (the same case rerun at eps = 0): that error too;
-- records with ``domain_onset_t``: the positions where the inputs leave the dtype's range, and why
-  (``domain_cause``);
+- records that all carry ``domain_onset_t``: the positions where the inputs leave the dtype's range,
+  and why (``domain_cause``);
 - records with ``onset_t`` / ``first_nonfinite_t``: the first mismatched / non-finite positions;
 - records with ``error`` and no metrics (kernel errors): the distinct error messages;
 - otherwise the worst ``cond_max`` and where it was met.
@@ -163,7 +163,8 @@ def evidence(recs: Sequence[Mapping[str, Any]], *, breakdown: bool = True) -> st
     errors = _errors(recs)
     if errors and not any(r.get("cond_max") is not None for r in recs):
         return "; ".join(errors)
-    domain = _domain(recs)
+    # the domain is the story only when every case of the group left it (else it is a side note)
+    domain = _domain(recs) if all(r.get("domain_onset_t") is not None for r in recs) else ""
     by_eps, at_eps0 = ("", "") if domain else _by_eps(recs, pair)
     if domain:
         parts.append(domain)

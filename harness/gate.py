@@ -285,18 +285,18 @@ def _grown(row: Mapping[str, Any], terms: Sequence[FailOn]) -> list[str]:
 
 
 def _change_lines(row: Mapping[str, Any]) -> list[str]:
-    """The messages of one row of `diff_runs` (a cell can have a worse verdict and grown metrics)."""
+    """The message of one row of `diff_runs`: one line per cell (its verdict change and grown metrics)."""
     label = cell_label(row)
     if row["change"] == "missing":
         return [f"{label}: in the baseline ({row['base_n']} cases, {row['base_verdict']}), not in this run"]
     if row["change"] == "added":
         return [f"{label}: new in this run ({row['new_n']} cases, {row['new_verdict']})"]
-    out = []
+    parts = []
     if row["verdict_change"]:
-        out.append(f"{label}: verdict {row['base_verdict']} -> {row['new_verdict']} "
-                   f"(baseline {row['base_n']} cases, now {row['new_n']})")
-    out += [f"{label}: {g}" for g in row["grown"]]
-    return out
+        parts.append(f"verdict {row['base_verdict']} -> {row['new_verdict']} "
+                     f"(baseline {row['base_n']} cases, now {row['new_n']})")
+    parts += list(row["grown"])
+    return [f"{label}: {'; '.join(parts)}"] if parts else []
 
 
 def changes_markdown(table: pd.DataFrame, terms: Sequence[FailOn] = (), *, max_lines: int = 50,
@@ -309,6 +309,11 @@ def changes_markdown(table: pd.DataFrame, terms: Sequence[FailOn] = (), *, max_l
     lines = [f"{compared} cells compared: {counts['worse']} worse verdicts, {counts['grew']} grew past the "
              f"threshold ({threshold}), {counts['better']} better verdicts, {counts['unchanged']} unchanged "
              f"(not listed); {counts['added']} new cells, {counts['missing']} missing."]
+    acted = table[table["change"].isin(("worse", "grew"))] if len(table) else table
+    if len(acted):  # where the regressions are, before the cell-by-cell list
+        tally = acted.groupby(["kernel", "dtype"], sort=False).size().sort_values(ascending=False, kind="stable")
+        lines += ["", "Worse or grown, by kernel and dtype: " + ", ".join(
+            f"{k} {d} ({n} cells)" for (k, d), n in tally.items()) + "."]
     if extra_failures:
         lines.append("")
         lines += [f"- {text}" for text in extra_failures]

@@ -212,26 +212,28 @@ def test_a_diff_with_one_regression_shows_it_first(tmp_path, capsys):
     result = gate(base, new)
     regression = "kernel=sequential family=linear_scan dtype=float16 length=256-511 regime=trained"
     assert not result.passed
-    assert result.failures == [f"{regression}: verdict equivalent -> divergent (baseline 1 cases, now 1)",
-                               f"{regression}: cond_max grew 0.2 -> 7 (x35; allowed 1.5x by 'cond:1.5x')"]
+    assert result.failures == [f"{regression}: verdict equivalent -> divergent (baseline 1 cases, now 1); "
+                               "cond_max grew 0.2 -> 7 (x35; allowed 1.5x by 'cond:1.5x')"]
     assert result.unchanged == 11 and result.better == []
     assert list(result.table["change"]) == ["worse"] + ["unchanged"] * 11
     assert result.summary_markdown().splitlines() == [
-        "**Gate FAILED** (fail on: cond:1.5x; 2 failures)",
+        "**Gate FAILED** (fail on: cond:1.5x; 1 failures)",
         "",
         "12 cells compared: 1 worse verdicts, 0 grew past the threshold (cond:1.5x), 0 better verdicts, "
         "11 unchanged (not listed); 0 new cells, 0 missing.",
         "",
+        "Worse or grown, by kernel and dtype: sequential float16 (1 cells).",
+        "",
         "**Verdicts that got worse** (1)",
         "",
-        f"- {regression}: verdict equivalent -> divergent (baseline 1 cases, now 1)",
-        f"- {regression}: cond_max grew 0.2 -> 7 (x35; allowed 1.5x by 'cond:1.5x')",
+        f"- {regression}: verdict equivalent -> divergent (baseline 1 cases, now 1); cond_max grew 0.2 -> 7 "
+        "(x35; allowed 1.5x by 'cond:1.5x')",
     ]
     assert main(["diff", str(base), str(new)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("12 cells compared: 1 worse verdicts")
-    assert out[2:5] == ["**Verdicts that got worse** (1)", "", f"- {regression}: verdict equivalent -> divergent "
-                        "(baseline 1 cases, now 1)"]
+    assert out[4:6] == ["**Verdicts that got worse** (1)", ""]
+    assert out[6].startswith(f"- {regression}: verdict equivalent -> divergent")
     assert not any("dtype=float32 length=64-127" in line for line in out)  # unchanged cells are not listed
 
 
