@@ -160,6 +160,17 @@ def test_failing_case_figure_is_drawn_and_linked(planted_run):
     assert not any(p.name.startswith("case_intree") for p in paths.out_dir.iterdir())
 
 
+def test_case_figures_are_byte_identical_from_the_same_records(planted_run, tmp_path):
+    from harness.report import write_report
+
+    records, paths = planted_run
+    again = write_report(records[::-1], {"profile": "test"}, tmp_path)
+    assert [p.name for p in again.case_figures] == [p.name for p in paths.case_figures]
+    for a, b in zip(again.case_figures, paths.case_figures):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    assert write_report(records, {}, tmp_path / "none", case_figures=0).case_figures == ()
+
+
 def test_oracle_state_series_replays_the_case(planted_run):
     from harness.plots import oracle_state_series
 
