@@ -419,11 +419,22 @@ def case_figure_name(record: Mapping[str, Any]) -> str:
 
 def write_case_figures(failing: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike, *,
                        limit: int = MAX_CASE_FIGURES) -> dict[str, Path]:
-    """`plot_case` for the first ``limit`` records of ``failing`` (pairs skipped); {figure name: path}."""
+    """`plot_case` for up to ``limit`` records of ``failing`` (worst first; pairs skipped); {name: path}.
+
+    The first pass takes the worst case of each kernel x dtype x verdict x cause, so that a dozen
+    figures cover every kind of failure rather than twelve cases of the worst one; the second fills up
+    the limit in the order given.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
+    seen: set[tuple] = set()
+    first, rest = [], []
     for record in failing:
+        key = tuple(str(record.get(k)) for k in ("kernel", "dtype", "verdict", "cause"))
+        (rest if key in seen else first).append(record)
+        seen.add(key)
+    for record in first + rest:
         if len(written) >= limit:
             break
         if "pair" in record:

@@ -658,6 +658,8 @@ def write_report(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any]
 
         plot_paths = write_plots(records, out)
         limit = MAX_CASE_FIGURES if case_figures is None else case_figures
+        for stale in out.glob("case_*.png"):  # an earlier report's cases: these records may not fail
+            stale.unlink()
         if limit > 0:
             figures = write_case_figures(failing_records(records), out, limit=limit)
 

@@ -164,7 +164,10 @@ def test_case_figures_are_byte_identical_from_the_same_records(planted_run, tmp_
     from harness.report import write_report
 
     records, paths = planted_run
+    stale = tmp_path / "case_gone_kernel_0123456789ab.png"  # an earlier report's case: removed
+    stale.write_bytes(PNG_SIGNATURE)
     again = write_report(records[::-1], {"profile": "test"}, tmp_path)
+    assert not stale.exists()
     assert [p.name for p in again.case_figures] == [p.name for p in paths.case_figures]
     for a, b in zip(again.case_figures, paths.case_figures):
         assert a.read_bytes() == b.read_bytes(), a.name
