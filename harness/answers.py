@@ -130,12 +130,18 @@ def _fill(text: str, record: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal, with numbers compared as numbers (a TOML ``0`` matches a record's ``0.0``)."""
+    numeric = isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+        and not isinstance(b, bool)
+    return float(a) == float(b) if numeric else a == b
+
+
 def _matches(record: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
     for key, want in where.items():
         got = _field(record, key)
         allowed = want if isinstance(want, list) else [want]
-        if not any(got == a or (isinstance(a, (int, float)) and isinstance(got, (int, float)) and float(a) == float(got))
-                   for a in allowed):
+        if not any(_same(got, a) for a in allowed):
             return False
     return True
 
@@ -146,7 +152,7 @@ def _ordered(values: list[Any], order: Sequence[Any] | None) -> list[Any]:
     def key(v: Any) -> tuple:
         if order is not None:
             for i, o in enumerate(order):
-                if v == o or (isinstance(v, (int, float)) and isinstance(o, (int, float)) and float(v) == float(o)):
+                if _same(v, o):
                     return (0, i, _sortable(v))
         return (1, 0, _sortable(v))
 

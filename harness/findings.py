@@ -90,7 +90,9 @@ class Finding:
         if self.everything_else or (self.verdict == "equivalent" and len(self.kernels) > 3):
             pairs = sum(1 for k in self.kernels if " vs " in k)
             singles = len(self.kernels) - pairs
-            count = f"{singles} kernel{'s' if singles != 1 else ''}" + (f" and {pairs} pair{'s' if pairs > 1 else ''}" if pairs else "")
+            count = f"{singles} kernel{'s' if singles != 1 else ''}"
+            if pairs:
+                count += f" and {pairs} pair{'s' if pairs > 1 else ''}"
             who = f"{'Everything else' if self.everything_else else 'Every kernel'} ({count}; {', '.join(self.dtypes)})"
         else:
             who = f"{kernel_list(self.kernels)} ({', '.join(self.dtypes)})"

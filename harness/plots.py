@@ -309,7 +309,7 @@ def plot_case(record: Mapping[str, Any], path: str | os.PathLike) -> Path | None
     if not series:
         return None
     length = int(_num(record.get("length"))) if _positive(record.get("length")) else series[-1][0] + 1
-    fig = Figure(figsize=(8.0, 6.5), dpi=_DPI)
+    fig = Figure(figsize=(8.5, 6.5), dpi=_DPI)
     FigureCanvasAgg(fig)
     ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
 
@@ -327,7 +327,8 @@ def plot_case(record: Mapping[str, Any], path: str | os.PathLike) -> Path | None
                    label="NaN/Inf where the oracle is in domain")
     gaps = [t for t, e in series if math.isnan(e)]
     if gaps:
-        ax.scatter(gaps, [floor] * len(gaps), marker="|", color="0.5", zorder=3, label="nothing compared (out of domain)")
+        ax.scatter(gaps, [floor] * len(gaps), marker="|", color="0.5", zorder=3,
+                   label="nothing compared (out of domain)")
     ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1.0, label="rounding bound (cond = 1)")
     marks = [("onset_t", "first mismatch", "tab:orange"), ("first_nonfinite_t", "first NaN/Inf in domain", "tab:red"),
              ("domain_onset_t", "inputs leave the dtype's range", "tab:purple")]
@@ -335,7 +336,8 @@ def plot_case(record: Mapping[str, Any], path: str | os.PathLike) -> Path | None
         if math.isfinite(_num(record.get(key))):
             t0 = _num(record.get(key))
             for a in (ax, ax2):
-                a.axvline(t0, color=color, linestyle=":", linewidth=1.4, label=f"{label} (t={int(t0)})" if a is ax else None)
+                a.axvline(t0, color=color, linestyle=":", linewidth=1.4,
+                          label=f"{label} (t={int(t0)})" if a is ax else None)
     chunk = _num(record.get("chunk_size"))
     if math.isfinite(chunk) and chunk > 0 and length / chunk <= 64:
         for b in range(int(chunk), length, int(chunk)):
@@ -389,7 +391,7 @@ def plot_case(record: Mapping[str, Any], path: str | os.PathLike) -> Path | None
     where = " ".join(f"{k}={record.get(k)}" for k in ("dtype", "length", "regime", "eps", "chunk_size")
                      if record.get(k) is not None)
     fig.suptitle(f"{record.get('kernel')}: {record.get('verdict')} ({record.get('cause')}), {where}\n"
-                 f"{_case_message(record)}", fontsize="medium")
+                 f"{_case_message(record)}", fontsize=9)
     # a fixed layout: one draw instead of bbox_inches="tight"'s two (12 figures a report)
     fig.subplots_adjust(left=0.1, right=0.97, top=0.89, bottom=0.08, hspace=0.08)
     fig.savefig(Path(path), format="png", dpi=_DPI, metadata={"Software": None})

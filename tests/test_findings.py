@@ -228,8 +228,8 @@ def test_eps_drawn_at_random_is_not_listed_one_by_one():
 
 
 def test_kernel_list_folds_package_prefixes():
-    assert kernel_list(["torchscale.chunkwise", "torchscale.parallel", "intree.blelloch_scan", "my_kernel",
-                        "a.x vs a.y"]) == "torchscale.{chunkwise, parallel}, intree.blelloch_scan, my_kernel, a.x vs a.y"
+    names = ["torchscale.chunkwise", "torchscale.parallel", "intree.blelloch_scan", "my_kernel", "a.x vs a.y"]
+    assert kernel_list(names) == "torchscale.{chunkwise, parallel}, intree.blelloch_scan, my_kernel, a.x vs a.y"
 
 
 # ------------------------------------------------------------------------------- answer tables
