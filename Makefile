@@ -62,11 +62,13 @@ bench-peers:
 	  $(PIP) install --quiet --no-deps --no-build-isolation --target $(BENCH_PEERS) "$(MAMBA_SSM)" \
 	  || echo "bench-peers: $(MAMBA_SSM) could not be built here; the bench will skip it"
 
+# The gate compares the default sweep (`make report`) with the committed baseline, made from the same
+# sweep by `make baseline`: run that, and commit reports/baseline/, to accept an intended change.
 gate: report
 	$(PYTHON) -m harness gate $(RUN) --baseline reports/baseline
 
 baseline:
-	$(PYTHON) -m harness sweep baseline --report-dir reports/baseline-run --quiet; test $$? -le 1
+	$(PYTHON) -m harness sweep default --report-dir reports/baseline-run --quiet; test $$? -le 1
 	$(PYTHON) -m harness update-baseline reports/baseline-run --baseline reports/baseline
 
 calibrate:

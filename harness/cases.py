@@ -122,6 +122,18 @@ class Sweep:
     description: str
     groups: list[SweepGroup]
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    answers: list = field(default_factory=list)  # harness.answers.AnswerTable: the question it answers
+
+    def orders(self) -> dict[str, list[Any]]:
+        """The order of each grid field's values, and of the kernels (pairs as ``a vs b``), as declared."""
+        out: dict[str, list[Any]] = {"kernel": []}
+        for group in self.groups:
+            out["kernel"] += [k for k in group.kernels if k not in out["kernel"]]
+            for name, values in group.grid.items():
+                seen = out.setdefault(name, [])
+                seen += [v for v in values if v not in seen]
+        out["kernel"] += [f"{a} vs {b}" for a, b in self.pairs]
+        return out
 
     def cases(self) -> Iterator[tuple[KernelSpec, Problem]]:
         """Every (kernel, problem) of the grids that the kernel can run here, in a stable order.
@@ -207,8 +219,13 @@ def load_sweep(name: str) -> Sweep:
         groups = [_group(g, f"{path}: group {i}") for i, g in enumerate(data["group"])]
     else:
         groups = [_group(data, str(path))]
-    return Sweep(name=data.get("name", path.stem), description=data.get("description", ""), groups=groups,
-                 pairs=[tuple(p) for p in data.get("pairs", [])])
+    sweep = Sweep(name=data.get("name", path.stem), description=data.get("description", ""), groups=groups,
+                  pairs=[tuple(p) for p in data.get("pairs", [])])
+    if "answer" in data:
+        from harness.answers import parse_answers
+
+        sweep.answers = parse_answers(data["answer"], str(path), sweep.orders())
+    return sweep
 
 
 def list_sweeps() -> list[str]:

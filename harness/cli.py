@@ -33,10 +33,11 @@ def _policy(args):
 
 
 def _finish_run(run_dir: Path, records: list[dict], *, quiet: bool = False) -> int:
-    from harness.report import append_step_summary, build_report, summary_markdown
+    from harness.report import append_step_summary, build_report, run_summary_markdown
+    from harness.store import load_header
 
     build_report(run_dir)
-    summary = summary_markdown(records)
+    summary = run_summary_markdown(records, load_header(run_dir))
     append_step_summary(summary)  # no-op unless $GITHUB_STEP_SUMMARY is set
     if not quiet:
         print(summary)
@@ -95,7 +96,10 @@ def cmd_sweep(args) -> int:
     sweep = load_sweep(args.name)
     run_dir = Path(args.report_dir) if args.report_dir else _default_run_dir(sweep.name)
     options = RunOptions(policy=_policy(args))
-    with RunStore(run_dir, header=environment(f"sweep:{sweep.name}")) as store:
+    header = environment(f"sweep:{sweep.name}")
+    if sweep.answers:  # the sweep's question and its table, rendered by the report from the run alone
+        header["answers"] = [table.to_dict() for table in sweep.answers]
+    with RunStore(run_dir, header=header) as store:
         records = run_cases(sweep.cases(), options, store=store,
                             progress=None if args.quiet else _progress)
         if sweep.pairs:
@@ -147,13 +151,10 @@ def cmd_report(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from harness.gate import diff_runs
+    from harness.gate import diff_markdown, diff_runs
     from harness.store import load_records
 
-    table = diff_runs(load_records(args.base), load_records(args.new))
-    from tabulate import tabulate
-
-    print(tabulate(table, headers="keys", tablefmt="github", showindex=False) if len(table) else "no common cells")
+    print(diff_markdown(diff_runs(load_records(args.base), load_records(args.new))))
     return EXIT_OK
 
 

@@ -89,7 +89,11 @@ class FailOn:
 
 @dataclass
 class GateResult:
-    """What `gate` decided: ``passed``, one message per failure, and the cell-by-cell diff table."""
+    """What `gate` decided: ``passed``, one message per failure, and the cell-by-cell diff table.
+
+    ``failures`` come in the diff's order (worse verdicts, then grown metrics, worst first); ``better``
+    lists cells whose verdict improved, ``unchanged`` counts the cells compared that did not change.
+    """
 
     passed: bool
     failures: list[str]
@@ -97,24 +101,31 @@ class GateResult:
     missing: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     terms: tuple[FailOn, ...] = ()
+    better: list[str] = field(default_factory=list)
+    unchanged: int = 0
 
     def __bool__(self) -> bool:
         return self.passed
 
     def summary_markdown(self, max_lines: int = 50) -> str:
-        """The gate's outcome as Markdown (for the terminal and ``$GITHUB_STEP_SUMMARY``)."""
+        """The gate's outcome as Markdown, what changed first (for the terminal and ``$GITHUB_STEP_SUMMARY``)."""
         terms = ", ".join(t.term for t in self.terms) or "verdicts only"
-        lines = [f"**Gate {'passed' if self.passed else 'FAILED'}** (fail on: {terms}; "
-                 f"{len(self.failures)} failures, {len(self.missing)} missing cells, {len(self.added)} new cells)"]
-        if self.failures:
-            lines.append("")
-            lines += [f"- {f}" for f in self.failures[:max_lines]]
-            if len(self.failures) > max_lines:
-                lines.append(f"- ... {len(self.failures) - max_lines} more")
-        if self.missing and not self.failures:
-            lines.append("")
-            lines += [f"- missing: {m}" for m in self.missing[:max_lines]]
-        return "\n".join(lines)
+        head = f"**Gate {'passed' if self.passed else 'FAILED'}** (fail on: {terms}; {len(self.failures)} failures)"
+        extra = [f for f in self.failures if f.startswith(("no cell", "missing cell"))]
+        return head + "\n\n" + changes_markdown(self.table, self.terms, max_lines=max_lines, extra_failures=extra)
+
+
+#: How a cell changed between two runs, in the order `diff_runs` lists them (what a reviewer acts on first).
+CHANGES: tuple[str, ...] = ("worse", "grew", "better", "added", "missing", "unchanged")
+
+#: Section titles of `changes_markdown`, one per change listed (unchanged cells are only counted).
+CHANGE_TITLES: dict[str, str] = {
+    "worse": "Verdicts that got worse",
+    "grew": "Cells whose error grew past the threshold",
+    "better": "Verdicts that got better",
+    "added": "New cells (only in this run)",
+    "missing": "Missing cells (only in the baseline)",
+}
 
 
 # --------------------------------------------------------------------------------------- the language
@@ -192,15 +203,19 @@ def cell_label(row: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def diff_runs(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Cell by cell, what changed between two runs, worst first.
+def diff_runs(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[Mapping[str, Any]],
+              fail_on: str | Sequence[FailOn] | None = DEFAULT_FAIL_ON) -> pd.DataFrame:
+    """Cell by cell, what changed between two runs, what changed first.
 
     Columns: the cell key (`CELL_KEYS`), ``status`` (``both``, ``missing``: only in the base,
-    ``added``: only in the new run), ``base_n``/``new_n`` (cases), ``base_verdict``/``new_verdict``
-    (the cell's worst verdict), ``verdict_change`` (-1, 0, +1: better, same, worse), for each metric of
-    `GATE_METRICS` ``base_<m>``, ``new_<m>``, ``ratio_<m>`` (new / base), and ``worst_ratio``.
-    Rows: worsened verdicts first, then the largest metric ratio, then missing and added cells.
+    ``added``: only in the new run), ``change`` (`CHANGES`: ``worse`` / ``better`` verdict, ``grew``: a
+    metric of ``fail_on`` grew past its factor, noise floors applied, ``added``, ``missing``,
+    ``unchanged``), ``grown`` (one message per grown metric), ``base_n``/``new_n`` (cases),
+    ``base_verdict``/``new_verdict`` (the cell's worst verdict), ``verdict_change`` (-1, 0, +1: better,
+    same, worse), for each metric of `GATE_METRICS` ``base_<m>``, ``new_<m>``, ``ratio_<m>`` (new /
+    base), and ``worst_ratio``. Rows are ordered by `CHANGES`, then the largest metric ratio.
     """
+    terms = _terms(fail_on)
     base = cell_table(base_records).set_index(list(CELL_KEYS))
     new = cell_table(new_records).set_index(list(CELL_KEYS))
     keys = sorted(set(base.index) | set(new.index))
@@ -230,14 +245,93 @@ def diff_runs(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[M
             if not math.isnan(r):
                 ratios.append(r)
         row["worst_ratio"] = max(ratios) if ratios else math.nan
+        row["grown"] = _grown(row, terms) if row["status"] == "both" else []
+        if row["status"] != "both":
+            row["change"] = row["status"]
+        elif row["verdict_change"] > 0:
+            row["change"] = "worse"
+        elif row["grown"]:
+            row["change"] = "grew"
+        elif row["verdict_change"] < 0:
+            row["change"] = "better"
+        else:
+            row["change"] = "unchanged"
         rows.append(row)
-    status_rank = {"both": 0, "missing": 1, "added": 2}
-    rows.sort(key=lambda r: (status_rank[r["status"]], -r["verdict_change"],
+    rows.sort(key=lambda r: (CHANGES.index(r["change"]), -r["verdict_change"],
                              -(r["worst_ratio"] if not math.isnan(r["worst_ratio"]) else -math.inf),
                              tuple(str(r[k]) for k in CELL_KEYS)))
-    columns = [*CELL_KEYS, "status", "base_n", "new_n", "base_verdict", "new_verdict", "verdict_change",
-               *(f"{p}_{m}" for m in GATE_METRICS for p in ("base", "new", "ratio")), "worst_ratio"]
+    columns = [*CELL_KEYS, "status", "change", "grown", "base_n", "new_n", "base_verdict", "new_verdict",
+               "verdict_change", *(f"{p}_{m}" for m in GATE_METRICS for p in ("base", "new", "ratio")), "worst_ratio"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def _terms(fail_on: str | Sequence[FailOn] | None) -> tuple[FailOn, ...]:
+    if isinstance(fail_on, (tuple, list)):
+        return tuple(fail_on)
+    return parse_fail_on(DEFAULT_FAIL_ON if fail_on is None else fail_on)
+
+
+def _grown(row: Mapping[str, Any], terms: Sequence[FailOn]) -> list[str]:
+    """One message per term of ``terms`` whose metric grew past its factor in ``row``."""
+    out = []
+    for term in terms:
+        bv, nv = row[f"base_{term.metric}"], row[f"new_{term.metric}"]
+        if _grew(term, bv, nv, row["dtype"]):
+            ratio = row[f"ratio_{term.metric}"]
+            how = "x" + format_value(ratio, "{:.3g}") if math.isfinite(ratio) else "to a non-finite value"
+            out.append(f"{term.metric} grew {format_value(bv, '{:.3g}')} -> {format_value(nv, '{:.3g}')} "
+                       f"({how}; allowed {term.factor:g}x by '{term.term}')")
+    return out
+
+
+def _change_lines(row: Mapping[str, Any]) -> list[str]:
+    """The message of one row of `diff_runs`: one line per cell (its verdict change and grown metrics)."""
+    label = cell_label(row)
+    if row["change"] == "missing":
+        return [f"{label}: in the baseline ({row['base_n']} cases, {row['base_verdict']}), not in this run"]
+    if row["change"] == "added":
+        return [f"{label}: new in this run ({row['new_n']} cases, {row['new_verdict']})"]
+    parts = []
+    if row["verdict_change"]:
+        parts.append(f"verdict {row['base_verdict']} -> {row['new_verdict']} "
+                     f"(baseline {row['base_n']} cases, now {row['new_n']})")
+    parts += list(row["grown"])
+    return [f"{label}: {'; '.join(parts)}"] if parts else []
+
+
+def changes_markdown(table: pd.DataFrame, terms: Sequence[FailOn] = (), *, max_lines: int = 50,
+                     extra_failures: Sequence[str] = ()) -> str:
+    """What changed between two runs (a `diff_runs` table) as Markdown: a count line, then one section
+    per kind of change (`CHANGE_TITLES`), worse verdicts first; unchanged cells are counted, not listed."""
+    counts = {c: int((table["change"] == c).sum()) if len(table) else 0 for c in CHANGES}
+    compared = int((table["status"] == "both").sum()) if len(table) else 0
+    threshold = ", ".join(t.term for t in terms) or "no metric terms"
+    lines = [f"{compared} cells compared: {counts['worse']} worse verdicts, {counts['grew']} grew past the "
+             f"threshold ({threshold}), {counts['better']} better verdicts, {counts['unchanged']} unchanged "
+             f"(not listed); {counts['added']} new cells, {counts['missing']} missing."]
+    acted = table[table["change"].isin(("worse", "grew"))] if len(table) else table
+    if len(acted):  # where the regressions are, before the cell-by-cell list
+        tally = acted.groupby(["kernel", "dtype"], sort=False).size().sort_values(ascending=False, kind="stable")
+        lines += ["", "Worse or grown, by kernel and dtype: " + ", ".join(
+            f"{k} {d} ({n} cells)" for (k, d), n in tally.items()) + "."]
+    if extra_failures:
+        lines.append("")
+        lines += [f"- {text}" for text in extra_failures]
+    for change, title in CHANGE_TITLES.items():
+        rows = table[table["change"] == change] if len(table) else table
+        if not len(rows):
+            continue
+        messages = [m for row in rows.to_dict("records") for m in _change_lines(row)]
+        lines += ["", f"**{title}** ({len(rows)})", ""]
+        lines += [f"- {m}" for m in messages[:max_lines]]
+        if len(messages) > max_lines:
+            lines.append(f"- ... {len(messages) - max_lines} more")
+    return "\n".join(lines)
+
+
+def diff_markdown(table: pd.DataFrame, fail_on: str | Sequence[FailOn] | None = DEFAULT_FAIL_ON) -> str:
+    """`harness diff`'s output: what changed first (`changes_markdown`), unchanged cells counted."""
+    return changes_markdown(table, _terms(fail_on))
 
 
 # ------------------------------------------------------------------------------------------ the gate
@@ -245,37 +339,23 @@ def gate_records(base_records: Sequence[Mapping[str, Any]], new_records: Sequenc
                  fail_on: str | Sequence[FailOn] | None = DEFAULT_FAIL_ON, *,
                  fail_on_missing: bool = False) -> GateResult:
     """`gate` on records already in memory."""
-    terms = tuple(fail_on) if isinstance(fail_on, (tuple, list)) else parse_fail_on(
-        DEFAULT_FAIL_ON if fail_on is None else fail_on)
-    table = diff_runs(base_records, new_records)
+    terms = _terms(fail_on)
+    table = diff_runs(base_records, new_records, terms)
     failures: list[str] = []
-    missing: list[str] = []
-    added: list[str] = []
+    lists: dict[str, list[str]] = {"missing": [], "added": [], "better": []}
     for row in table.to_dict("records"):
-        label = cell_label(row)
-        if row["status"] == "missing":
-            missing.append(f"{label}: in the baseline ({row['base_n']} cases, {row['base_verdict']}), not in this run")
-            continue
-        if row["status"] == "added":
-            added.append(f"{label}: new in this run ({row['new_n']} cases, {row['new_verdict']})")
-            continue
-        if row["verdict_change"] > 0:
-            failures.append(f"{label}: verdict {row['base_verdict']} -> {row['new_verdict']} "
-                            f"(baseline {row['base_n']} cases, now {row['new_n']})")
-        for term in terms:
-            bv, nv = row[f"base_{term.metric}"], row[f"new_{term.metric}"]
-            if _grew(term, bv, nv, row["dtype"]):
-                ratio = row[f"ratio_{term.metric}"]
-                how = "x" + format_value(ratio, "{:.3g}") if math.isfinite(ratio) else "to a non-finite value"
-                failures.append(f"{label}: {term.metric} grew {format_value(bv, '{:.3g}')} -> "
-                                f"{format_value(nv, '{:.3g}')} ({how}; allowed {term.factor:g}x by '{term.term}')")
+        if row["change"] in ("worse", "grew"):
+            failures += _change_lines(row)
+        elif row["change"] in lists:
+            lists[row["change"]] += _change_lines(row)
     if fail_on_missing:
-        failures += [f"missing cell {m}" for m in missing]
+        failures += [f"missing cell {m}" for m in lists["missing"]]
     if len(table) and not (table["status"] == "both").any():
-        failures.append(f"no cell of this run matches the baseline ({len(missing)} baseline cells, {len(added)} new "
-                        "cells): nothing was compared; is it the baseline of these kernels?")
-    return GateResult(passed=not failures, failures=failures, table=table, missing=missing, added=added,
-                      terms=terms)
+        failures.append(f"no cell of this run matches the baseline ({len(lists['missing'])} baseline cells, "
+                        f"{len(lists['added'])} new cells): nothing was compared; is it the baseline of these kernels?")
+    unchanged = int((table["change"] == "unchanged").sum()) if len(table) else 0
+    return GateResult(passed=not failures, failures=failures, table=table, missing=lists["missing"],
+                      added=lists["added"], terms=terms, better=lists["better"], unchanged=unchanged)
 
 
 def _grew(term: FailOn, base: float, new: float, dtype: str) -> bool:

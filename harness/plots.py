@@ -8,7 +8,9 @@
 - ``plot_error_vs_eps.png``: retention_normed only: cond_max against the norm's eps, log x, with
   eps = 0 placed at a labelled left edge;
 - ``plot_onset.png``: the first mismatched position (onset_t) against length, with the end of the
-  sequence (t = L - 1) for reference.
+  sequence (t = L - 1) for reference;
+- ``case_<kernel>_<case>.png`` (`write_case_figures`, for failing cases, worst first, up to a limit): one
+  case along the sequence (`plot_case`).
 
 Each title states the figure's one message (within the bound or not, the worst case). No pyplot and
 no global backend switch: figures are drawn on `matplotlib.backends.backend_agg.FigureCanvasAgg`, so
@@ -229,6 +231,223 @@ def plot_onset(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) ->
     ax.grid(True, which="major", alpha=0.3)
     _legend(ax, handles, verdicts)
     return _save(fig, Path(path))
+
+
+# ----------------------------------------------------------------------------------------- one case
+#: Failing cases drawn per report (worst first); the rest are in failures.csv without a figure.
+MAX_CASE_FIGURES = 12
+
+#: The problem fields a record carries (`harness.problems.Problem`), from which its case is replayed.
+def _problem_fields() -> tuple[str, ...]:
+    import dataclasses
+
+    from harness.problems import Problem
+
+    return tuple(f.name for f in dataclasses.fields(Problem) if f.name != "values")
+
+
+def oracle_state_series(record: Mapping[str, Any]) -> tuple[Any, Any] | str:
+    """The float64 oracle's state magnitude along the sequence for ``record``'s case, or why not.
+
+    Returns ``(state_peak, decay_peak)``, two float64 numpy arrays of length L: at each t, the largest
+    running peak over the output's rows of |state| and of the products of decays a parallel scan forms
+    (`reference_impls.trace.Trace`). The record stores only their maxima, so the case is replayed from
+    its problem fields and seed: inputs and oracle only, no kernel, so it costs one oracle call. The
+    replayed problem must hash to the record's ``case`` (the same inputs), else the reason is returned.
+    """
+    import torch
+
+    from harness.errors import HarnessError
+    from harness.problems import Problem
+    from harness.runner import reference_trace
+
+    if record.get("explicit_values"):
+        return "the case's explicit input values are not stored in the record"
+    if "pair" in record:
+        return "a pair of kernels (each kernel's own case has the figure)"
+    try:
+        problem = Problem.from_dict({k: record[k] for k in _problem_fields() if k in record})
+    except (HarnessError, TypeError, ValueError) as exc:
+        return f"the record's problem cannot be rebuilt: {exc}"
+    if record.get("case") is not None and problem.key != record.get("case"):
+        return "the record's problem does not reproduce its case (another harness version?)"
+    from harness.kernels import registry
+    from harness.kernels.contract import RETNET
+
+    try:
+        convention = registry.get(str(record.get("kernel"))).convention
+    except HarnessError:
+        if problem.family.value.startswith("retention"):
+            return "the kernel is not registered here, so its retention convention is unknown"
+        convention = RETNET  # scans have no convention
+    inputs = problem.replace(device="cpu").make_inputs()
+    trace = reference_trace(problem, inputs, convention)
+    la = problem.length_axis % trace.out.ndim
+
+    def per_t(t: torch.Tensor) -> Any:
+        return t.movedim(la, -1).reshape(-1, t.shape[la]).amax(dim=0).numpy()
+
+    return per_t(trace.state_peak.abs()), per_t(trace.decay_peak.abs())
+
+
+def plot_case(record: Mapping[str, Any], path: str | os.PathLike) -> Path | None:
+    """One case along the sequence: is the error rounding, a jump, or the state leaving the range?
+
+    Top: the error in units of its bound (the record's ``error_by_position``: the max cond error over
+    the rows, in windows ending at each stored t; every t up to L = 64), with the bound (cond = 1), the
+    first mismatch (``onset_t``) and the first NaN/Inf in domain (``first_nonfinite_t``) marked, and the
+    chunk boundaries when the case has a chunk size. Bottom: the float64 oracle's state (and decay
+    product) peak against the dtype's largest finite value, with the first position out of domain
+    (``domain_onset_t``) marked (`oracle_state_series`). None when the record has no error series.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from harness import dtypes
+
+    series = [(int(t), _num(e)) for t, e in (record.get("error_by_position") or [])]
+    if not series:
+        return None
+    length = int(_num(record.get("length"))) if _positive(record.get("length")) else series[-1][0] + 1
+    fig = Figure(figsize=(8.5, 6.5), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+
+    ts = [t for t, _ in series]
+    finite = [(t, e) for t, e in series if math.isfinite(e) and e > 0]
+    floor = min((e for _, e in finite), default=1e-3) / 10
+    tops = [e for _, e in finite] + [1.0]
+    top = max(tops) * 10
+    if finite:
+        ax.plot([t for t, _ in finite], [e for _, e in finite], color="tab:blue", marker=".", markersize=4,
+                linewidth=1.2, label="max cond error at t (error / its bound)")
+    nonfinite = [t for t, e in series if math.isinf(e)]
+    if nonfinite:
+        ax.scatter(nonfinite, [top / 3] * len(nonfinite), marker="x", color="tab:red", zorder=3,
+                   label="NaN/Inf where the oracle is in domain")
+    gaps = [t for t, e in series if math.isnan(e)]
+    if gaps:
+        ax.scatter(gaps, [floor] * len(gaps), marker="|", color="0.5", zorder=3,
+                   label="nothing compared (out of domain)")
+    ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1.0, label="rounding bound (cond = 1)")
+    marks = [("onset_t", "first mismatch", "tab:orange"), ("first_nonfinite_t", "first NaN/Inf in domain", "tab:red"),
+             ("domain_onset_t", "inputs leave the dtype's range", "tab:purple")]
+    for key, label, color in marks:
+        if math.isfinite(_num(record.get(key))):
+            t0 = _num(record.get(key))
+            for a in (ax, ax2):
+                a.axvline(t0, color=color, linestyle=":", linewidth=1.4,
+                          label=f"{label} (t={int(t0)})" if a is ax else None)
+    chunk = _num(record.get("chunk_size"))
+    if math.isfinite(chunk) and chunk > 0 and length / chunk <= 64:
+        for b in range(int(chunk), length, int(chunk)):
+            ax.axvline(b - 0.5, color="0.85", linewidth=0.8, zorder=0)
+        ax.annotate(f"chunk boundaries (every {int(chunk)})", xy=(0.99, 0.02), xycoords="axes fraction",
+                    ha="right", fontsize="small", color="0.5")
+    ax.set_yscale("log")
+    ax.set_ylim(floor, top)
+    ax.set_ylabel("error / bound (cond)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="upper left", fontsize="x-small", framealpha=0.8)
+
+    precision = str(record.get("precision") or record.get("dtype"))
+    try:
+        max_finite = dtypes.info(precision).max_finite
+    except Exception:  # noqa: BLE001 - an unknown dtype name leaves the panel without its line
+        max_finite = math.nan
+    state = oracle_state_series(record)
+    if isinstance(state, str):
+        ax2.text(0.5, 0.5, f"oracle state not drawn: {state}", ha="center", va="center", transform=ax2.transAxes,
+                 fontsize="small", color="0.3", wrap=True)
+        ax2.set_yticks([])
+    else:
+        import numpy as np
+
+        # in units of the dtype's largest finite value, so that float64's 1.8e308 stays on a log axis
+        scale = max_finite if math.isfinite(max_finite) else 1.0
+        t_all = np.arange(len(state[0]))
+        shown = []
+        for values, label, color in ((state[0], "oracle |state|, running peak", "tab:green"),
+                                     (state[1], "product of decays, running peak", "tab:olive")):
+            ratio = values / scale
+            keep = np.isfinite(ratio) & (ratio > 0)
+            if keep.any():
+                ax2.plot(t_all[keep], ratio[keep], color=color, linewidth=1.2, label=label)
+                shown.append(ratio[keep])
+        ax2.axhline(1.0, color="tab:red", linestyle="--", linewidth=1.0,
+                    label=f"{precision} max ({max_finite:.3g})" if math.isfinite(max_finite) else "1")
+        low = min((float(r.min()) for r in shown), default=1e-3)
+        high = max((float(r.max()) for r in shown), default=1.0)
+        ax2.set_yscale("log")
+        ax2.set_ylim(max(low / 10, 1e-300), max(high, 1.0) * 10)
+        ax2.legend(loc="upper left", fontsize="x-small", framealpha=0.8)
+        ax2.grid(True, which="major", alpha=0.3)
+    ax2.set_ylabel(f"magnitude / {precision} max")
+    ax2.set_xlabel("position t along the sequence")
+    ax2.set_xlim(-0.5 if length <= 64 else 0, max(length - 0.5, ts[-1] + 0.5))
+    if length > 64:
+        ax2.set_xscale("symlog", linthresh=8)
+
+    where = " ".join(f"{k}={record.get(k)}" for k in ("dtype", "length", "regime", "eps", "chunk_size")
+                     if record.get(k) is not None)
+    fig.suptitle(f"{record.get('kernel')}: {record.get('verdict')} ({record.get('cause')}), {where}\n"
+                 f"{_case_message(record)}", fontsize=9)
+    # a fixed layout: one draw instead of bbox_inches="tight"'s two (12 figures a report)
+    fig.subplots_adjust(left=0.1, right=0.97, top=0.89, bottom=0.08, hspace=0.08)
+    fig.savefig(Path(path), format="png", dpi=_DPI, metadata={"Software": None})
+    return Path(path)
+
+
+def _case_message(record: Mapping[str, Any]) -> str:
+    """The figure's one message: where the error starts and what it follows."""
+    onset, nf, dom = (_num(record.get(k)) for k in ("onset_t", "first_nonfinite_t", "domain_onset_t"))
+    cond = _num(record.get("cond_max"))
+    parts = []
+    if math.isfinite(dom):
+        parts.append(f"the inputs leave the dtype's range at t={int(dom)}")
+    if math.isfinite(onset):
+        parts.append(f"first mismatch at t={int(onset)}")
+    if math.isfinite(nf):
+        parts.append(f"first NaN/Inf in domain at t={int(nf)}")
+    if math.isfinite(cond):
+        parts.append(f"max cond error {cond:.3g}")
+    return "; ".join(parts) or str(record.get("why") or "")[:100]
+
+
+def case_figure_name(record: Mapping[str, Any]) -> str:
+    """``case_<kernel>_<case>.png``: fixed by the record, so the same records give the same names."""
+    return f"case_{_safe(str(record.get('kernel')))}_{_safe(str(record.get('case')))}.png"
+
+
+def write_case_figures(failing: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike, *,
+                       limit: int = MAX_CASE_FIGURES) -> dict[str, Path]:
+    """`plot_case` for up to ``limit`` records of ``failing`` (worst first; pairs skipped); {name: path}.
+
+    The first pass takes the worst case of each kernel x dtype x verdict x cause, so that a dozen
+    figures cover every kind of failure rather than twelve cases of the worst one; the second fills up
+    the limit in the order given.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    seen: set[tuple] = set()
+    first, rest = [], []
+    for record in failing:
+        key = tuple(str(record.get(k)) for k in ("kernel", "dtype", "verdict", "cause"))
+        (rest if key in seen else first).append(record)
+        seen.add(key)
+    for record in first + rest:
+        if len(written) >= limit:
+            break
+        if "pair" in record:
+            continue
+        name = case_figure_name(record)
+        if name in written:
+            continue
+        path = plot_case(record, out / name)
+        if path is not None:
+            written[name] = path
+    return written
 
 
 # ---------------------------------------------------------------------------------------------- all

@@ -3,8 +3,12 @@
 `build_report(run_dir)` reads the run's records (`harness.store.load_records`) and header and writes,
 into ``out_dir`` (default: the run directory):
 
-- ``index.md``: GitHub-flavoured Markdown, headline first (the count of each verdict and the run's
-  header: harness, torch, python, device, commit, profile), then the tables below and the figures;
+- ``index.md``: GitHub-flavoured Markdown that a reviewer can act on from its first screen: the count
+  of each verdict and the run header in one line, the findings (`harness.findings`: one line per
+  conclusion, worst first, with its cause and supporting number), the sweep's declared question and
+  its table (`harness.answers`, from the header), the summary with its cause column (all-equivalent
+  rows folded when there are many); then, folded in ``<details>``, the failing cases (each linked to
+  its figure, with replay commands), the cells, the growth fits, the figures and the full header;
 - ``summary.csv``: per kernel and dtype, the verdict counts and the worst case, worst first;
 - ``cells.csv``: per kernel x dtype x length bucket x eps x chunk_size x regime (a *cell*; the gate
   matches runs on the same key): max abs, max rel, RMS ratio, ULP p99, condition-normalized error
@@ -14,7 +18,8 @@ into ``out_dir`` (default: the run directory):
   three or more distinct lengths;
 - ``failures.csv``: every case whose verdict is not ``equivalent``, with its replay command;
 - ``report.json``: the header and every table;
-- ``plot_*.png``: the figures of `harness.plots` (``plots=True``).
+- ``plot_*.png``: the figures of `harness.plots` (``plots=True``);
+- ``case_<kernel>_<case>.png``: the first failing cases along the sequence (`harness.plots.plot_case`).
 
 Everything is derived from the records, and the same records give byte-identical files: rows are
 sorted, floats are written with a fixed format ("{:.3g}" in Markdown, "{:.6g}" in CSV and JSON), and
@@ -38,6 +43,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+
+from harness.findings import findings
 
 #: The verdicts, in the order the headline lists them.
 VERDICTS: tuple[str, ...] = ("equivalent", "divergent", "out_of_domain", "kernel_error")
@@ -86,10 +93,11 @@ class ReportPaths:
     failures_csv: Path
     report_json: Path
     plots: tuple[Path, ...] = field(default_factory=tuple)
+    case_figures: tuple[Path, ...] = field(default_factory=tuple)
 
     def files(self) -> list[Path]:
         return [self.index, self.summary_csv, self.cells_csv, self.growth_csv, self.failures_csv,
-                self.report_json, *self.plots]
+                self.report_json, *self.plots, *self.case_figures]
 
 
 # ------------------------------------------------------------------------------------ record fields
@@ -214,7 +222,7 @@ def verdict_counts(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------------------- tables
-SUMMARY_COLUMNS = ("kernel", "family", "dtype", "n", *VERDICTS, "worst_verdict", "worst_cond_max",
+SUMMARY_COLUMNS = ("kernel", "family", "dtype", "n", *VERDICTS, "worst_verdict", "worst_cause", "worst_cond_max",
                    "worst_max_abs", "worst_length", "worst_regime", "worst_eps", "worst_chunk_size", "worst_case")
 
 
@@ -235,7 +243,8 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         row: dict[str, Any] = {"kernel": kernel, "family": family, "dtype": dtype, "n": len(recs)}
         row.update({v: counts.get(v, 0) for v in VERDICTS})
         row.update({
-            "worst_verdict": str(worst.get("verdict")), "worst_cond_max": number(worst.get("cond_max")),
+            "worst_verdict": str(worst.get("verdict")), "worst_cause": _key_text(worst.get("cause")),
+            "worst_cond_max": number(worst.get("cond_max")),
             "worst_max_abs": number(worst.get("max_abs")), "worst_length": number(worst.get("length")),
             "worst_regime": _key_text(worst.get("regime")), "worst_eps": _key_text(worst.get("eps")),
             "worst_chunk_size": _key_text(worst.get("chunk_size")), "worst_case": _key_text(worst.get("case")),
@@ -345,12 +354,17 @@ FAILURE_COLUMNS = ("kernel", "family", "dtype", "length", "regime", "eps", "chun
                    "cond_max", "max_abs", "onset_t", "nonfinite_class", "why", "error", "case", "replay")
 
 
-def failure_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Every case whose verdict is not ``equivalent``, worst first, with its replay command."""
+def failing_records(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records whose verdict is not ``equivalent``, worst first (worst verdict, then cond_max)."""
     failing = [r for r in canonical_order(records) if r.get("verdict") != "equivalent"]
     failing.sort(key=lambda r: (-severity(r.get("verdict")), -_cond_rank(r.get("cond_max"))))
+    return failing
+
+
+def failure_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Every case whose verdict is not ``equivalent``, worst first, with its replay command."""
     rows = []
-    for r in failing:
+    for r in failing_records(records):
         rows.append({
             "kernel": _key_text(r.get("kernel")), "family": _key_text(r.get("family")),
             "dtype": _key_text(r.get("dtype")), "length": number(r.get("length")),
@@ -458,8 +472,11 @@ def headline(records: Sequence[Mapping[str, Any]]) -> str:
     return f"**{len(records)} cases**: {parts}"
 
 
-SHORT_SUMMARY_COLUMNS = ("kernel", "dtype", "n", *VERDICTS, "worst_verdict", "worst_cond_max", "worst_length",
-                         "worst_regime")
+SHORT_SUMMARY_COLUMNS = ("kernel", "dtype", "n", *VERDICTS, "worst_verdict", "worst_cause", "worst_cond_max",
+                         "worst_length", "worst_regime")
+
+#: Summary rows shown in full in index.md; with more, the all-equivalent rows are folded.
+MAX_OPEN_SUMMARY_ROWS = 12
 
 
 def summary_markdown(records: Sequence[Mapping[str, Any]]) -> str:
@@ -470,10 +487,37 @@ def summary_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     return headline(records) + "\n\n" + table_markdown(table[list(SHORT_SUMMARY_COLUMNS)])
 
 
+def run_summary_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any] | None = None) -> str:
+    """What `harness sweep` / `harness check` print: the findings, the sweep's declared tables
+    (`harness.answers`, from the header) and the summary table."""
+    from harness.answers import answers_markdown
+    from harness.findings import findings_markdown
+
+    if not records:
+        return "_No harness records._"
+    parts = ["**Findings**", "", findings_markdown(records), ""]
+    answers = answers_markdown(header or {}, records)
+    if answers:
+        parts += [answers, ""]
+    parts.append(summary_markdown(records))
+    return "\n".join(parts)
+
+
+def header_line(header: Mapping[str, Any]) -> str:
+    """The run header in one line: profile, commit, harness, torch, python, device."""
+    keys = ("profile", "git_commit", "harness_version", "torch", "python", "device")
+    labels = {"git_commit": "commit ", "harness_version": "harness ", "torch": "torch ", "python": "python "}
+    return " · ".join(f"{labels.get(k, '')}{header[k]}" for k in keys if header.get(k) not in (None, ""))
+
+
 def header_markdown(header: Mapping[str, Any]) -> str:
-    """The run header as a two-column table (known fields first, in `HEADER_FIELDS` order)."""
+    """The run header as a two-column table (known fields first, in `HEADER_FIELDS` order).
+
+    Structured entries (the sweep's declared tables) are left out; they are rendered on their own.
+    """
     from tabulate import tabulate
 
+    header = {k: v for k, v in header.items() if not isinstance(v, (dict, list))}
     keys = [k for k in HEADER_FIELDS if k in header] + sorted(k for k in header if k not in HEADER_FIELDS)
     rows = [[_md_cell(k), _md_cell(format_value(header[k]), 200)] for k in keys]
     if not rows:
@@ -494,51 +538,88 @@ def append_step_summary(markdown: str, environ: Mapping[str, str] | None = None)
 
 
 # --------------------------------------------------------------------------------------------- index.md
+def _details(summary: str, body: Sequence[str]) -> list[str]:
+    """A folded section (GitHub renders Markdown inside ``<details>`` after a blank line)."""
+    return ["<details>", f"<summary>{summary}</summary>", "", *body, "", "</details>", ""]
+
+
 def _index_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any],
-                    tables: dict[str, pd.DataFrame], plots: Sequence[Path]) -> str:
-    parts = ["# Kernel equivalence report", "", headline(records), "", header_markdown(header), ""]
+                    tables: dict[str, pd.DataFrame], plots: Sequence[Path],
+                    case_figures: Mapping[str, Path] | None = None) -> str:
+    from harness.answers import answers_markdown
+    from harness.findings import findings_markdown
 
+    case_figures = case_figures or {}
+    line = header_line(header)
+    parts = ["# Kernel equivalence report", "", headline(records) + (f" · {line}" if line else ""), ""]
+
+    parts += ["## Findings", "", findings_markdown(records), ""]
+    answers = answers_markdown(header, records)
+    if answers:
+        parts += ["## The sweep's question", "", answers, ""]
+
+    summary = tables["summary"][list(SHORT_SUMMARY_COLUMNS)]
     parts += ["## Summary", "",
-              "Per kernel and dtype, worst first: the verdict counts and the worst case (worst verdict, "
-              "then highest condition-normalized error `cond_max`; `cond_max <= 1` is within the a-priori "
-              "rounding bound).", "", table_markdown(tables["summary"][list(SHORT_SUMMARY_COLUMNS)]), ""]
-
-    parts += ["## Cells", "",
-              "Per kernel x dtype x length bucket (x eps x chunk_size x regime where they vary): the worst "
-              "value of each metric over the cell's cases. `onset_t` is the earliest position with a "
-              "mismatch; `nonfinite` lists the non-finite classes met.", "",
-              table_markdown(tables["cells"].drop(columns=["length_min", "length_max", "first_nonfinite_t"]),
-                             drop_constant=("eps", "chunk_size", "regime", "family")), ""]
-
-    parts += ["## Error growth with length", ""]
-    if len(tables["growth"]):
-        parts += ["The exponent b of `error ~ length^b`, fitted by least squares on log-log axes across "
-                  f"records (at least {MIN_GROWTH_LENGTHS} distinct lengths; zero and non-finite errors "
-                  "left out). A sequential sum of L roundings grows like L^0.5 to L^1.", "",
-                  table_markdown(tables["growth"]), ""]
+              "Per kernel and dtype, worst first: the verdict counts and the worst case (worst verdict and its "
+              "cause, then highest condition-normalized error `cond_max`; `cond_max <= 1` is within the "
+              "a-priori rounding bound).", ""]
+    if len(summary) > MAX_OPEN_SUMMARY_ROWS:
+        open_rows = summary[summary["worst_verdict"] != "equivalent"]
+        folded = summary[summary["worst_verdict"] == "equivalent"]
+        if len(open_rows):
+            parts += [table_markdown(open_rows), ""]
+        if len(folded):
+            parts += _details(f"{len(folded)} kernel x dtype rows with every case equivalent",
+                              [table_markdown(folded)])
     else:
-        parts += [f"_No kernel has records at {MIN_GROWTH_LENGTHS} or more distinct lengths._", ""]
+        parts += [table_markdown(summary), ""]
 
     failures = tables["failures"]
-    parts += ["## Failing cases", ""]
     if len(failures):
-        shown = failures.head(MAX_MARKDOWN_FAILURES)
+        shown = failures.head(MAX_MARKDOWN_FAILURES).copy()
         cols = ["kernel", "dtype", "length", "regime", "eps", "chunk_size", "verdict", "cause", "cond_max", "why"]
-        parts += [table_markdown(shown[cols], drop_constant=("eps", "chunk_size"), max_chars={"why": 160},
-                                 index=True), ""]
+        if case_figures:
+            from harness.plots import case_figure_name
+
+            names = [case_figure_name({"kernel": k, "case": c}) for k, c in zip(shown["kernel"], shown["case"])]
+            shown["figure"] = [f"[figure]({n})" if n in case_figures else "-" for n in names]
+            cols.insert(0, "figure")
+        body = [table_markdown(shown[cols], drop_constant=("eps", "chunk_size"), max_chars={"why": 160}, index=True),
+                ""]
         if len(failures) > len(shown):
-            parts += [f"_{len(failures) - len(shown)} more in failures.csv._", ""]
-        parts += ["Replay a case:", ""]
+            body += [f"_{len(failures) - len(shown)} more in failures.csv._", ""]
+        if case_figures:
+            body += [f"A figure (the first {len(case_figures)} failing cases) shows the case along the sequence: "
+                     "its error in units of the rounding bound, and the float64 oracle's state against the "
+                     "dtype's largest value, with the first mismatch, the first NaN/Inf and the first position "
+                     "out of the dtype's range marked.", ""]
+        body += ["Replay a case:", ""]
         for i, cmd in enumerate(shown["replay"], start=1):
             if cmd and cmd != "-":
-                parts += [f"{i}.", "", "   ```sh", f"   {cmd}", "   ```", ""]
+                body += [f"{i}.", "", "   ```sh", f"   {cmd}", "   ```", ""]
+        parts += _details(f"Failing cases ({len(failures)}), with figures and replay commands", body)
     else:
-        parts += ["_None: every case is equivalent._", ""]
+        parts += ["_No failing case: every case is equivalent._", ""]
+
+    parts += _details(f"Cells ({len(tables['cells'])})", [
+        "Per kernel x dtype x length bucket (x eps x chunk_size x regime where they vary): the worst "
+        "value of each metric over the cell's cases. `onset_t` is the earliest position with a "
+        "mismatch; `nonfinite` lists the non-finite classes met.", "",
+        table_markdown(tables["cells"].drop(columns=["length_min", "length_max", "first_nonfinite_t"]),
+                       drop_constant=("eps", "chunk_size", "regime", "family"))])
+
+    if len(tables["growth"]):
+        growth = ["The exponent b of `error ~ length^b`, fitted by least squares on log-log axes across "
+                  f"records (at least {MIN_GROWTH_LENGTHS} distinct lengths; zero and non-finite errors "
+                  "left out). A sequential sum of L roundings grows like L^0.5 to L^1.", "",
+                  table_markdown(tables["growth"])]
+    else:
+        growth = [f"_No kernel has records at {MIN_GROWTH_LENGTHS} or more distinct lengths._"]
+    parts += _details("Error growth with length", growth)
 
     if plots:
-        parts += ["## Figures", ""]
-        for p in plots:
-            parts += [f"![{p.stem}]({p.name})", ""]
+        parts += _details(f"Figures ({len(plots)})", [line for p in plots for line in (f"![{p.stem}]({p.name})", "")])
+    parts += _details("Run header", [header_markdown(header)])
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
@@ -559,23 +640,33 @@ def build_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None =
 
 
 def write_report(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any], out_dir: str | os.PathLike, *,
-                 plots: bool = True) -> ReportPaths:
-    """`build_report` for records already in memory."""
+                 plots: bool = True, case_figures: int | None = None) -> ReportPaths:
+    """`build_report` for records already in memory.
+
+    ``case_figures``: how many failing cases get a figure along the sequence (worst first; default
+    `harness.plots.MAX_CASE_FIGURES`; 0 for none). Each replays its case's float64 oracle.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records = canonical_order(records)
     tables = report_tables(records)
 
     plot_paths: list[Path] = []
+    figures: dict[str, Path] = {}
     if plots:
-        from harness.plots import write_plots
+        from harness.plots import MAX_CASE_FIGURES, write_case_figures, write_plots
 
         plot_paths = write_plots(records, out)
+        limit = MAX_CASE_FIGURES if case_figures is None else case_figures
+        for stale in out.glob("case_*.png"):  # an earlier report's cases: these records may not fail
+            stale.unlink()
+        if limit > 0:
+            figures = write_case_figures(failing_records(records), out, limit=limit)
 
     paths = ReportPaths(out_dir=out, index=out / "index.md", summary_csv=out / "summary.csv",
                         cells_csv=out / "cells.csv", growth_csv=out / "growth.csv",
                         failures_csv=out / "failures.csv", report_json=out / "report.json",
-                        plots=tuple(plot_paths))
+                        plots=tuple(plot_paths), case_figures=tuple(figures.values()))
     for name, path in (("summary", paths.summary_csv), ("cells", paths.cells_csv), ("growth", paths.growth_csv),
                        ("failures", paths.failures_csv)):
         _write_csv(tables[name], path)
@@ -583,10 +674,11 @@ def write_report(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any]
     doc = {"header": {k: _json_value(v) if not isinstance(v, (dict, list)) else v for k, v in header.items()},
            "verdict_counts": verdict_counts(records), "n_records": len(records),
            **{name: table_records(df) for name, df in tables.items()},
-           "plots": [p.name for p in plot_paths]}
+           "plots": [p.name for p in plot_paths], "case_figures": sorted(figures),
+           "findings": [f.line() for f in findings(records)]}
     paths.report_json.write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False, default=str) + "\n",
                                  encoding="utf-8")
-    paths.index.write_text(_index_markdown(records, header, tables, plot_paths), encoding="utf-8")
+    paths.index.write_text(_index_markdown(records, header, tables, plot_paths, figures), encoding="utf-8")
     return paths
 
 
@@ -595,5 +687,6 @@ def clear_report(out_dir: str | os.PathLike) -> None:
     out = Path(out_dir)
     for name in REPORT_FILES:
         (out / name).unlink(missing_ok=True)
-    for p in out.glob("plot_*.png"):
-        p.unlink(missing_ok=True)
+    for pattern in ("plot_*.png", "case_*.png"):
+        for p in out.glob(pattern):
+            p.unlink(missing_ok=True)

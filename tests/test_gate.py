@@ -196,3 +196,57 @@ def test_update_baseline_copies_records_and_header(tmp_path):
     assert gate(baseline, run).passed
     with pytest.raises(InvalidArgument, match="no records"):
         update_baseline(tmp_path / "empty", baseline)
+
+
+# ------------------------------------------------------------------------------- what changed first
+def test_a_diff_with_one_regression_shows_it_first(tmp_path, capsys):
+    """One cell of twelve gets worse: the gate and `harness diff` open with it; unchanged cells are counted."""
+    from harness.cli import main
+
+    base_recs = baseline_records()
+    new_recs = replace(base_recs, {"kernel": "sequential", "dtype": "float16", "length": 256}, verdict="divergent",
+                       cond_max=7.0)
+    # a smaller error is counted as unchanged, not listed
+    new_recs = replace(new_recs, {"kernel": "blelloch", "dtype": "float32", "length": 16}, cond_max=0.1)
+    base = write_run(tmp_path / "base", base_recs)
+    new = write_run(tmp_path / "new", new_recs)
+    result = gate(base, new)
+    regression = "kernel=sequential family=linear_scan dtype=float16 length=256-511 regime=trained"
+    assert not result.passed
+    assert result.failures == [f"{regression}: verdict equivalent -> divergent (baseline 1 cases, now 1); "
+                               "cond_max grew 0.2 -> 7 (x35; allowed 1.5x by 'cond:1.5x')"]
+    assert result.unchanged == 11 and result.better == []
+    assert list(result.table["change"]) == ["worse"] + ["unchanged"] * 11
+    assert result.summary_markdown().splitlines() == [
+        "**Gate FAILED** (fail on: cond:1.5x; 1 failures)",
+        "",
+        "12 cells compared: 1 worse verdicts, 0 grew past the threshold (cond:1.5x), 0 better verdicts, "
+        "11 unchanged (not listed); 0 new cells, 0 missing.",
+        "",
+        "Worse or grown, by kernel and dtype: sequential float16 (1 cells).",
+        "",
+        "**Verdicts that got worse** (1)",
+        "",
+        f"- {regression}: verdict equivalent -> divergent (baseline 1 cases, now 1); cond_max grew 0.2 -> 7 "
+        "(x35; allowed 1.5x by 'cond:1.5x')",
+    ]
+    assert main(["diff", str(base), str(new)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("12 cells compared: 1 worse verdicts")
+    assert out[4:6] == ["**Verdicts that got worse** (1)", ""]
+    assert out[6].startswith(f"- {regression}: verdict equivalent -> divergent")
+    assert not any("dtype=float32 length=64-127" in line for line in out)  # unchanged cells are not listed
+
+
+def test_diff_sections_come_in_order_of_what_to_act_on():
+    base = [make_record(length=16), make_record(length=64), make_record(length=256, verdict="divergent"),
+            make_record("gone")]
+    new = [make_record(length=16, cond=0.9), make_record(length=64), make_record(length=256),
+           make_record("fresh")]
+    table = diff_runs(base, new)
+    assert list(table["change"]) == ["grew", "better", "added", "missing", "unchanged"]
+    from harness.gate import diff_markdown
+
+    titles = [line for line in diff_markdown(table).splitlines() if line.startswith("**")]
+    assert titles == ["**Cells whose error grew past the threshold** (1)", "**Verdicts that got better** (1)",
+                      "**New cells (only in this run)** (1)", "**Missing cells (only in the baseline)** (1)"]

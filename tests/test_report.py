@@ -105,10 +105,12 @@ def test_index_starts_with_verdict_counts_and_header(report):
     lines = text.splitlines()
     assert lines[0] == "# Kernel equivalence report"
     assert "**29 cases**: 26 equivalent · 1 divergent · 1 out_of_domain · 1 kernel_error" in lines[2]
-    head = text.split("## Summary")[0]
-    for value in ("2.13.0", "3.11.7", "cpu (x86_64)", "abc1234", "| profile"):
-        assert value in head
-    assert "| kernel " in text and "## Failing cases" in text
+    # the header in one line under the counts; the full table folded at the end
+    for value in ("2.13.0", "3.11.7", "cpu (x86_64)", "abc1234", "ci"):
+        assert value in lines[2]
+    assert lines[4] == "## Findings"
+    assert "| profile" in text.split("<summary>Run header</summary>")[1]
+    assert "| kernel " in text and "<summary>Failing cases (3), with figures and replay commands</summary>" in text
     assert "![plot_onset](plot_onset.png)" in text
 
 

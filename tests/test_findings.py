@@ -1,0 +1,262 @@
+"""The findings (the first lines of every report) and the sweeps' declared answer tables.
+
+The seed sweeps and a run with one planted bug are run for real, and their findings are asserted line
+by line: each line is one conclusion, worst first, with the cause and the number that supports it. The
+README's seed tables must be exactly what the seed sweeps print (`scripts/seed_tables.py` rewrites
+them). A failing case of the planted-bug run gets a figure along the sequence, linked from its line in
+the failing-cases table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from harness.answers import AnswerTable, answer_markdown, block_markers, generated_block, render_value
+from harness.errors import InvalidArgument
+from harness.findings import findings, findings_markdown, kernel_list
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _seed_tables():
+    spec = importlib.util.spec_from_file_location("seed_tables", ROOT / "scripts" / "seed_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def seed_records() -> dict[str, list[dict]]:
+    from harness.kernels.registry import get
+
+    for name in ("mambapy.selective_scan", "torchscale.parallel"):
+        reason = get(name).unavailable_reason()
+        if reason:
+            pytest.skip(f"{name} unavailable here: {reason}")
+    module = _seed_tables()
+    return {name: module.sweep_records(name) for name in module.SEED_SWEEPS}
+
+
+# ------------------------------------------------------------------------------------ the seed sweeps
+def test_mamba_seed_findings(seed_records):
+    lines = [f.line() for f in findings(seed_records["mamba_seed"])]
+    assert lines == [
+        "intree.{blelloch_selective_scan, sequential_selective_scan}, mambapy.{selective_scan, selective_scan_seq} "
+        "(float32), regime unstable: **out_of_domain, input_overflow (the inputs overflow the dtype)**: out of "
+        "domain from t=143 to t=234: a product of decays exceeds the dtype's max or the float64 state exceeds the "
+        "dtype's max; no kernel at fault (12 cases)",
+        "mambapy.selective_scan vs mambapy.selective_scan_seq (float32), regime unstable: **out_of_domain, "
+        "input_overflow (the inputs overflow the dtype)**: max |A - B| inf (float32 L=256 unstable); against the "
+        "oracle: A out_of_domain, B out_of_domain; no kernel at fault (3 cases)",
+        "Everything else (4 kernels and 1 pair; float32): **equivalent, rounding (within the rounding bound)**: "
+        "worst cond 0.365 (intree.blelloch_selective_scan float32 L=64 unstable) (35 cases)",
+    ]
+
+
+def test_retnet_seed_findings(seed_records):
+    lines = [f.line() for f in findings(seed_records["retnet_seed"])]
+    assert lines == [
+        "torchscale.{chunkwise, parallel, recurrent} (float64, float32), regime ramp: **divergent, eps_effect "
+        "(through the norm's eps only)**: cond 3.74e+05 at eps 1e-05, 3.26e+05 at 1e-06, 2.21e+05 at 1e-08, "
+        "0.107 at eps 0 (the same cases rerun); first mismatch at t=1 (18 cases)",
+        "torchscale.parallel vs torchscale.chunkwise, torchscale.parallel vs torchscale.recurrent, "
+        "torchscale.recurrent vs torchscale.chunkwise (float64, float32), regime ramp: **divergent, eps_effect "
+        "(through the norm's eps only)**: max |A - B| 0.301 at eps 1e-05, 0.182 at 1e-06, 0.00316 at 1e-08; "
+        "against the oracle: A divergent, B divergent (18 cases)",
+        "Everything else (4 kernels and 3 pairs; float64, float32): **equivalent, rounding (within the rounding "
+        "bound)**: worst cond 0.158 (intree.retention_normed_chunkwise float64 L=16 ramp) (20 cases)",
+    ]
+
+
+def test_readme_seed_tables_are_the_sweeps_output(seed_records):
+    from harness.cases import load_sweep
+
+    readme = (ROOT / "README.md").read_text()
+    for name, records in seed_records.items():
+        block = generated_block(name, load_sweep(name).answers, records)
+        begin, end = block_markers(name)
+        assert begin in readme and end in readme, f"README has no generated block for {name}"
+        current = begin + readme.split(begin, 1)[1].split(end, 1)[0] + end
+        assert current == block, f"README's {name} table is stale: run `python scripts/seed_tables.py`"
+
+
+def test_seed_answer_tables_answer_the_question(seed_records):
+    from harness.answers import answer_cells
+    from harness.cases import load_sweep
+
+    (retnet,) = load_sweep("retnet_seed").answers
+    rows, columns, cells = answer_cells(retnet, seed_records["retnet_seed"])
+    assert columns == [1e-5, 1e-6, 1e-8, 0.0]  # the sweep's grid order, not sorted
+    key = ("float32", "torchscale.parallel vs torchscale.chunkwise")
+    assert rows[0] == key
+    diffs = {eps: cells[(key, eps)]["ab_max_abs"] for eps in columns}
+    assert diffs[0.0] < 1e-6 < diffs[1e-8] < diffs[1e-6] < diffs[1e-5]
+    assert render_value(retnet.value, cells[(key, 1e-5)]) == "3.0e-01 divergent (eps_effect)"
+    assert render_value(retnet.value, cells[(key, 0.0)]) == "3.0e-07 equivalent (rounding)"
+
+    (mamba,) = load_sweep("mamba_seed").answers
+    rows, columns, cells = answer_cells(mamba, seed_records["mamba_seed"])
+    assert columns == [64, 128, 256, 512, 1024]
+    assert [r[0] for r in rows] == ["unstable"] * 4 + ["trained"] * 4
+    assert render_value(mamba.value, cells[(("unstable", "mambapy.selective_scan"), 512)]) == \
+        "out_of_domain from t=197"
+    assert render_value(mamba.value, cells[(("trained", "mambapy.selective_scan"), 512)]) == "equivalent"
+
+
+# --------------------------------------------------------------------------------- a planted bug
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory):
+    """The carry-dropping blocked scan (wrong from t=512) beside the correct Blelloch scan, reported."""
+    from harness.kernels.registry import get
+    from harness.problems import Problem
+    from harness.report import write_report
+    from harness.runner import run_case
+    from tests.planted.bugs import by_name
+
+    records = [run_case(spec, Problem("linear_scan", length, dtype=dtype, batch=2, dim=4, seed=3))
+               for spec in (by_name("scan_drops_carry_after_block_8").spec, get("intree.blelloch_scan"))
+               for dtype in ("float64", "float32") for length in (256, 1024)]
+    out = tmp_path_factory.mktemp("planted")
+    return records, write_report(records, {"profile": "test"}, out)
+
+
+def test_planted_bug_findings(planted_run):
+    records, paths = planted_run
+    assert findings_markdown(records).splitlines() == [
+        "1. planted.scan_drops_carry_after_block_8 (float64, float32), regime trained: **divergent, kernel_bug "
+        "(beyond the rounding bound and the same-dtype loop: a kernel bug)**: worst cond 4.78e+14 (float64 "
+        "L=1024 trained); first mismatch at t=512 (2 cases)",
+        "2. Everything else (2 kernels; float64, float32): **equivalent, rounding (within the rounding bound)**: "
+        "worst cond 0.207 (intree.blelloch_scan float64 L=1024 trained) (6 cases)",
+    ]
+    index = paths.index.read_text().splitlines()
+    assert index[4] == "## Findings"
+    assert index[6] == findings_markdown(records).splitlines()[0]
+
+
+def test_failing_case_figure_is_drawn_and_linked(planted_run):
+    from matplotlib.image import imread
+
+    from harness.plots import case_figure_name
+
+    records, paths = planted_run
+    failing = [r for r in records if r["verdict"] != "equivalent"]
+    assert len(failing) == 2 and all(r["onset_t"] == 512 for r in failing)
+    names = sorted(p.name for p in paths.case_figures)
+    assert names == sorted(case_figure_name(r) for r in failing)
+    for path in paths.case_figures:
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        image = imread(path)
+        assert image.ndim == 3 and image.shape[0] > 400 and image.shape[1] > 500
+    text = paths.index.read_text()
+    for r in failing:  # each figure is linked from its case's row of the failing-cases table
+        row = next(line for line in text.splitlines() if f"[figure]({case_figure_name(r)})" in line)
+        assert "planted.scan_drops_carry_after_block_8" in row and r["dtype"] in row and "divergent" in row
+    assert not any(p.name.startswith("case_intree") for p in paths.out_dir.iterdir())
+
+
+def test_case_figures_are_byte_identical_from_the_same_records(planted_run, tmp_path):
+    from harness.report import write_report
+
+    records, paths = planted_run
+    stale = tmp_path / "case_gone_kernel_0123456789ab.png"  # an earlier report's case: removed
+    stale.write_bytes(PNG_SIGNATURE)
+    again = write_report(records[::-1], {"profile": "test"}, tmp_path)
+    assert not stale.exists()
+    assert [p.name for p in again.case_figures] == [p.name for p in paths.case_figures]
+    for a, b in zip(again.case_figures, paths.case_figures):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    assert write_report(records, {}, tmp_path / "none", case_figures=0).case_figures == ()
+
+
+def test_oracle_state_series_replays_the_case(planted_run):
+    from harness.plots import oracle_state_series
+
+    records, _ = planted_run
+    record = next(r for r in records if r["verdict"] == "divergent" and r["dtype"] == "float32")
+    state, decay = oracle_state_series(record)
+    assert len(state) == record["length"] == len(decay)
+    assert float(state.max()) == pytest.approx(record["state_peak_max"], rel=1e-12)
+    assert all(state[1:] >= state[:-1])  # a running peak
+    assert "explicit input values" in oracle_state_series({**record, "explicit_values": True})
+    assert "does not reproduce" in oracle_state_series({**record, "seed": record["seed"] + 1})
+
+
+# ------------------------------------------------------------------------------- data-driven lines
+def _record(kernel: str, verdict: str, cause: str, **extra) -> dict:
+    rec = {"kernel": kernel, "family": "linear_scan", "dtype": "float32", "length": 64, "regime": "trained",
+           "verdict": verdict, "cause": cause, "cond_max": 0.1, "case": f"{kernel}-{verdict}-{cause}"}
+    rec.update(extra)
+    return rec
+
+
+def test_a_new_cause_gets_its_own_line_without_code_changes():
+    records = [_record("k.a", "divergent", "kernel_bug", cond_max=50.0, onset_t=3),
+               _record("k.b", "divergent", "precision_exhausted", cond_max=3.0, onset_t=40),
+               _record("k.c", "out_of_domain", "input_overflow", domain_onset_t=7, domain_cause="state"),
+               _record("k.d", "kernel_error", "raised", cond_max=None, error="RuntimeError: boom"),
+               _record("k.e", "equivalent", "rounding")]
+    lines = [f.line() for f in findings(records)]
+    assert lines == [
+        "k.a (float32), regime trained: **divergent, kernel_bug (beyond the rounding bound and the same-dtype "
+        "loop: a kernel bug)**: worst cond 50 (float32 L=64 trained); first mismatch at t=3 (1 case)",
+        "k.b (float32), regime trained: **divergent, precision_exhausted**: worst cond 3 (float32 L=64 trained); "
+        "first mismatch at t=40 (1 case)",
+        "k.d (float32), regime trained: **kernel_error, raised (the kernel raised)**: `RuntimeError: boom` (1 case)",
+        "k.c (float32), regime trained: **out_of_domain, input_overflow (the inputs overflow the dtype)**: out of "
+        "domain at t=7: the float64 state exceeds the dtype's max; no kernel at fault (1 case)",
+        "Everything else (1 kernel; float32): **equivalent, rounding (within the rounding bound)**: worst cond "
+        "0.1 (float32 L=64 trained) (1 case)",
+    ]
+
+
+def test_eps_drawn_at_random_is_not_listed_one_by_one():
+    """A property-based run draws eps at random: seven values are no axis to read; the domain is the story."""
+    drawn = [_record("k", "divergent", "eps_effect", family="retention_normed", eps=10.0 ** -e, cond_max=2.0 + e,
+                     eps0_cond_max=0.3) for e in range(3, 10)]
+    assert findings(drawn)[0].evidence == "worst cond 11 (float32 L=64 trained), 0.3 at eps 0 (the same cases rerun)"
+    grid = drawn[:2]
+    assert findings(grid)[0].evidence == "cond 5 at eps 0.001, 6 at 0.0001, 0.3 at eps 0 (the same cases rerun)"
+    overflow = [{**r, "verdict": "out_of_domain", "cause": "input_overflow", "domain_onset_t": 4,
+                 "domain_cause": "state"} for r in grid]
+    assert findings(overflow)[0].evidence == "out of domain at t=4: the float64 state exceeds the dtype's max"
+
+
+def test_kernel_list_folds_package_prefixes():
+    names = ["torchscale.chunkwise", "torchscale.parallel", "intree.blelloch_scan", "my_kernel", "a.x vs a.y"]
+    assert kernel_list(names) == "torchscale.{chunkwise, parallel}, intree.blelloch_scan, my_kernel, a.x vs a.y"
+
+
+# ------------------------------------------------------------------------------- answer tables
+def test_answer_value_drops_bracketed_parts_with_missing_fields():
+    assert render_value("{verdict}[ from t={domain_onset_t}]", {"verdict": "equivalent"}) == "equivalent"
+    assert render_value("{verdict}[ from t={domain_onset_t}]", {"verdict": "x", "domain_onset_t": 5}) == "x from t=5"
+    assert render_value("{ab_max_abs:.1e}", {"ab_max_abs": None}) == "-"
+    assert render_value("{ab_max_abs:.1e}", {"ab_max_abs": math.nan}) == "-"
+
+
+def test_answer_table_filters_orders_and_takes_the_worst():
+    table = AnswerTable.from_dict({"question": "Q?", "rows": "kernel", "columns": "length", "value": "{verdict}",
+                                   "where": {"dtype": ["float32"]}}, orders={"length": [64, 16]})
+    records = [_record("k", "equivalent", "rounding", length=16), _record("k", "divergent", "kernel_bug", length=16),
+               _record("k", "equivalent", "rounding", length=64), _record("k", "divergent", "x", dtype="float64")]
+    assert answer_markdown(table, records).splitlines() == [
+        "**Q?**", "", "| kernel \\ length   | 64         | 16        |",
+        "|-------------------|------------|-----------|", "| k                 | equivalent | divergent |"]
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"rows": "kernel", "columns": "eps", "value": "{verdict}"}, "no 'question'"),
+    ({"question": "q", "rows": [], "columns": "eps", "value": "{verdict}"}, "rows=\\[\\]"),
+    ({"question": "q", "rows": "kernel", "columns": ["eps"], "value": "{verdict}"}, "columns=\\['eps'\\]"),
+    ({"question": "q", "rows": "kernel", "columns": "eps", "value": "no field"}, "value='no field'"),
+    ({"question": "q", "rows": "kernel", "columns": "eps", "value": "{v}", "colour": 1}, "unknown keys"),
+])
+def test_bad_answer_declarations_name_the_key(data, match):
+    with pytest.raises(InvalidArgument, match=match):
+        AnswerTable.from_dict(data, "sweep x.toml: answer 0")
