@@ -818,3 +818,14 @@ def test_finish_reports_a_killed_sweep_from_its_records(tmp_path: Path, capsys) 
     assert "CUT SHORT: the outer time limit" in (out / "gpu_summary.md").read_text()
     assert (out / "index.md").is_file() and "## Summary (cpu)" in text
     assert json.loads((out / "run.json").read_text())["cases_recorded"] == header["cases_planned"]
+
+
+def test_on_device_pickles_when_the_kernel_does() -> None:
+    """A worker process may be handed the wrapped kernel by value: wrapping must not make it unpicklable."""
+    import pickle
+
+    from harness.kernels.contract import on_device
+
+    wrapped = pickle.loads(pickle.dumps(on_device(blelloch_linear_scan)))
+    a = torch.rand(1, 2, 5)
+    assert torch.equal(wrapped(a, a), blelloch_linear_scan(a, a)) and wrapped.harness_on_device

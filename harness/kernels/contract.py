@@ -254,6 +254,32 @@ def kernel_device(args: Sequence, kwargs: dict) -> torch.device | None:
     return None
 
 
+class OnDevice:
+    """A kernel made to run on its inputs' CUDA device and to finish there before it returns (`on_device`).
+
+    A class rather than a closure so that it pickles whenever the kernel does (a worker process can
+    be handed it by value).
+    """
+
+    harness_on_device = True
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        device = kernel_device(args, kwargs)
+        if device is None:
+            return self.fn(*args, **kwargs)
+        with torch.cuda.device(device):
+            out = self.fn(*args, **kwargs)
+            torch.cuda.synchronize(device)
+        return out
+
+    def __repr__(self) -> str:
+        return f"on_device({self.fn!r})"
+
+
 def on_device(fn: Callable) -> Callable:
     """``fn`` made to run on its inputs' CUDA device and to finish there before it returns.
 
@@ -266,19 +292,7 @@ def on_device(fn: Callable) -> Callable:
     """
     if getattr(fn, "harness_on_device", False):
         return fn
-
-    @functools.wraps(fn)
-    def on_its_device(*args, **kwargs):
-        device = kernel_device(args, kwargs)
-        if device is None:
-            return fn(*args, **kwargs)
-        with torch.cuda.device(device):
-            out = fn(*args, **kwargs)
-            torch.cuda.synchronize(device)
-        return out
-
-    on_its_device.harness_on_device = True  # type: ignore[attr-defined]
-    return on_its_device
+    return OnDevice(fn)
 
 
 def require_module(module: str, *, package: str | None = None):
@@ -292,8 +306,9 @@ def require_module(module: str, *, package: str | None = None):
         raise KernelUnavailable(f"package {pkg!r} is not installed ({exc}); `pip install {pkg}`") from None
 
 
-def import_skipping_init(module: str, *, stand_ins: Sequence[str] = ()):
-    """Import ``module`` (``pkg.sub.mod``) from ``pkg`` on ``sys.path`` without running ``pkg/__init__.py``.
+def import_skipping_init(module: str, *, path: Sequence[str] | None = None, stand_ins: Sequence[str] = ()):
+    """Import ``module`` (``pkg.sub.mod``) from ``pkg`` on ``sys.path`` (or ``path``) without running
+    ``pkg/__init__.py``.
 
     For a package whose ``__init__`` imports what cannot load here (mamba-ssm's imports its CUDA
     extension and its model classes) while the submodule wanted needs none of it (its Triton kernels).
@@ -310,9 +325,9 @@ def import_skipping_init(module: str, *, stand_ins: Sequence[str] = ()):
     import types
 
     top = module.partition(".")[0]
-    found = importlib.machinery.PathFinder.find_spec(top)
+    found = importlib.machinery.PathFinder.find_spec(top, None if path is None else list(path))
     if found is None or not found.submodule_search_locations:
-        raise ImportError(f"no package {top!r} on sys.path", name=top)
+        raise ImportError(f"no package {top!r} on {'sys.path' if path is None else list(path)}", name=top)
 
     class _Absent(types.ModuleType):
         def __getattr__(self, attr: str):
