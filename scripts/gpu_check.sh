@@ -11,8 +11,9 @@
 #
 # Time (GPU_CHECK_TOTAL_S, default 470 s: the whole run under 8 minutes), by phase:
 #   environment  nvidia-smi and torch/CUDA, at most ENV_S (default 45 s)
-#   sweep        scripts/gpu_sweep.py, killed at what is left minus FINISH_S; its own budget (--budget-s)
-#                ends the cases FINISH_S + 30 s before that, so it normally finishes by itself
+#   sweep        scripts/gpu_sweep.py, stopped (SIGTERM, then SIGKILL 15 s later) at what is left minus
+#                FINISH_S; its own budget (--budget-s) ends the cases FINISH_S + CASE_MARGIN_S (30 s) before
+#                that, so it normally finishes by itself; on SIGTERM it stops where it is and finishes
 #   finish       only when the sweep was killed: `gpu_sweep.py OUT_DIR --finish --cut-short WHY` in a fresh
 #                process that does not touch the GPU (CUDA_VISIBLE_DEVICES=""), at most FINISH_S (45 s):
 #                the report and the summary from the records already on disk
@@ -33,6 +34,7 @@ BUNDLE="${DEVICE_BUNDLE:-.device-bundle}"
 TOTAL_S="${GPU_CHECK_TOTAL_S:-470}"
 ENV_S="${ENV_S:-45}"
 FINISH_S="${FINISH_S:-45}"
+CASE_MARGIN_S="${CASE_MARGIN_S:-30}"  # the last case (30 s call timeout) and the report after the budget
 SECONDS=0
 
 if [[ -d "$BUNDLE" ]]; then
@@ -54,8 +56,8 @@ timeout -k 5 "$ENV_S" "$PYTHON" -c 'from harness.gpu import describe_environment
     || echo "describing the environment failed or took over ${ENV_S} s (exit status $?)"
 
 LEFT=$((TOTAL_S - SECONDS - FINISH_S))
-BUDGET=$((LEFT - FINISH_S - 30))
-if (( BUDGET < 10 )); then
+BUDGET=$((LEFT - FINISH_S - CASE_MARGIN_S))
+if (( BUDGET < 5 )); then
     echo "gpu_check: only ${LEFT} s left for the sweep after ${SECONDS} s; GPU_CHECK_TOTAL_S=${TOTAL_S} is too small" >&2
     exit 2
 fi

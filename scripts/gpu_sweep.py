@@ -105,8 +105,12 @@ def log(text: str = "") -> None:
     print(text, flush=True)
 
 
-class CutShort(Exception):
-    """Raised in the main thread by SIGTERM (the outer time limit): stop where we are and finish."""
+class CutShort(BaseException):
+    """Raised in the main thread by SIGTERM (the outer time limit): stop where we are and finish.
+
+    A BaseException, like KeyboardInterrupt, so that the ``except Exception`` that keeps one case's
+    harness failure from ending the sweep does not swallow it.
+    """
 
 
 # ------------------------------------------------------------------------------------------------ load

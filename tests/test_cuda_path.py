@@ -829,3 +829,26 @@ def test_on_device_pickles_when_the_kernel_does() -> None:
     wrapped = pickle.loads(pickle.dumps(on_device(blelloch_linear_scan)))
     a = torch.rand(1, 2, 5)
     assert torch.equal(wrapped(a, a), blelloch_linear_scan(a, a)) and wrapped.harness_on_device
+
+
+def test_gpu_check_cut_short_by_its_outer_limit_still_reports(tmp_path: Path) -> None:
+    """The outer limit stops a sweep that would run past it (SIGTERM): it stops between cases, and the
+    summary is printed and the report written. (A sweep stuck in one call gets SIGKILL and the finish
+    pass instead: `test_finish_reports_a_killed_sweep_from_its_records`.)"""
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    env.update(PYTHON=sys.executable, GPU_CHECK_TOTAL_S="36", FINISH_S="10", CASE_MARGIN_S="0",
+               DEVICE_BUNDLE=str(tmp_path / "no-bundle"))
+    # thousands of short cases, and --budget-s after the script's own (it wins): only the outer limit ends it
+    lengths = ",".join(str(n) for n in range(8, 400))
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--device", "cpu",
+                           "--kernels", "intree.blelloch_scan,intree.sequential_scan", "--lengths", lengths,
+                           "--budget-s", "1000", "--no-report"],
+                          capture_output=True, text=True, timeout=90, env=env)
+    text = proc.stdout
+    assert "cut short: signal 15" in text, text[-3000:] + proc.stderr[-2000:]
+    header = json.loads((out / "run.json").read_text())
+    assert header["cut_short"].startswith("signal 15") and 0 < header["cases_run"] < header["cases_planned"]
+    assert "CUT SHORT" in (out / "gpu_summary.md").read_text()
+    assert "## Summary (cpu)" in text.split("cut short: signal 15")[1]
+    assert proc.returncode == 0 and "== cut short by" not in text  # no finish pass was needed
