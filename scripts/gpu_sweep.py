@@ -172,6 +172,22 @@ def select_kernels(device: str, patterns: Sequence[str], *, include_slow: bool =
     return chosen, left_out
 
 
+def imported_modules() -> dict[str, str]:
+    """Every top-level module imported so far that is not in the standard library, with its folder or file.
+
+    Recorded in run.json so that a CPU rehearsal shows what the GPU machine must have (tests compare it
+    with that machine's package list).
+    """
+    out = {}
+    for name, module in list(sys.modules.items()):
+        if "." in name or name in sys.stdlib_module_names or name.startswith("_") or module is None:
+            continue
+        where = getattr(module, "__file__", None)
+        if where:
+            out[name] = where
+    return dict(sorted(out.items()))
+
+
 def package_origins() -> dict[str, str | None]:
     """Where each third-party package would be imported from (its folder), without importing it."""
     import importlib.machinery
@@ -746,6 +762,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "budget_exhausted": time.perf_counter() >= sweep.deadline and sweep.records < len(cases),
                    "stopped": sweep.stopped, "cut_short": cut_short, "skipped_packages": sweep.skipped_sources,
                    "warmups": len(sweep.warmed), "elapsed_s": round(elapsed, 1),
+                   "imported_modules": imported_modules(),
                    "cuda_max_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
                    if sweep.on_gpu else None})
     (out / HEADER_FILE).write_text(json.dumps(json.loads(dumps(header)), indent=2, sort_keys=True) + "\n")

@@ -852,3 +852,63 @@ def test_gpu_check_cut_short_by_its_outer_limit_still_reports(tmp_path: Path) ->
     assert "CUT SHORT" in (out / "gpu_summary.md").read_text()
     assert "## Summary (cpu)" in text.split("cut short: signal 15")[1]
     assert proc.returncode == 0 and "== cut short by" not in text  # no finish pass was needed
+
+
+#: What the GPU machine has besides the standard library (issue 20); their dependencies are found from
+#: the installed metadata here.
+GPU_MACHINE_DISTRIBUTIONS = ("torch", "triton", "numpy", "pandas", "tabulate", "hypothesis", "pytest", "numba",
+                             "matplotlib", "einops")
+#: Imported here only because they are installed here (each import is inside a try in its importer).
+OPTIONAL_HERE = {
+    "scipy": "numba, when present", "yaml": "numba, when present", "cffi": "numba's cffi support, when present",
+    "pycparser": "cffi's", "charset_normalizer": "numpy.f2py, when present", "certifi": "a .pth at start-up",
+}
+
+
+def _requirement_closure(names) -> set[str]:
+    import importlib.metadata as md
+    import re
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    seen, todo = set(), [norm(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        for req in requires:
+            if "extra ==" in req:
+                continue
+            todo.append(norm(re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0]))
+    return seen
+
+
+def test_dry_run_imports_nothing_the_gpu_machine_lacks(dry_run: dict) -> None:
+    """Every non-standard module the rehearsal imported comes from this checkout, the bundle, or a
+    distribution the GPU machine has (or one of their dependencies)."""
+    import importlib.metadata as md
+    import re
+
+    header = dry_run["header"]
+    assert dry_run["proc"].returncode == 0, dry_run["proc"].stdout[-3000:]
+    allowed = _requirement_closure(GPU_MACHINE_DISTRIBUTIONS)
+    owners = md.packages_distributions()
+    foreign = {}
+    for module, where in header["imported_modules"].items():
+        if where.startswith((str(ROOT / "harness"), str(ROOT / "reference_impls"), str(BUNDLE))):
+            continue
+        if module in OPTIONAL_HERE or module.endswith("__mypyc"):  # (mypyc: charset_normalizer's compiled part)
+            continue
+        dists = {re.sub(r"[-_.]+", "-", d).lower() for d in owners.get(module, [])}
+        if not dists & allowed:
+            foreign[module] = (where, sorted(dists))
+    if not (BUNDLE / "MANIFEST.json").is_file():  # the third-party packages then come from this machine
+        bundled = {"mambapy", "torchscale", "yet_another_retnet", "accelerated_scan", "fla", "mamba_ssm"}
+        foreign = {k: v for k, v in foreign.items() if k not in bundled}
+    assert not foreign, f"imported here but absent on the GPU machine: {foreign}"
