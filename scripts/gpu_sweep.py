@@ -137,13 +137,14 @@ def load_within(spec, timeout_s: float) -> str | None:
     return box["reason"]
 
 
-def select_kernels(device: str, patterns: Sequence[str], *, include_slow: bool = False,
+def select_kernels(device: str, patterns: Sequence[str], *, include_slow: bool = False, load_all: bool = False,
                    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
                    deadline: float | None = None) -> tuple[list, list[tuple[str, str]]]:
     """(available kernels that declare ``device``, [(name, why not)] for those left out).
 
-    Kernels that declare CUDA are loaded on a CPU rehearsal too (and left out with the reason), so that
-    an import or packaging error of the GPU run shows there.
+    ``load_all`` (a dry run): every kernel that declares CUDA is loaded too, whatever ``patterns`` say, and
+    left out with the reason where it does not run here, so that an import or packaging error of the GPU
+    run shows in the rehearsal.
     """
     from harness.kernels import registry
 
@@ -153,11 +154,11 @@ def select_kernels(device: str, patterns: Sequence[str], *, include_slow: bool =
         if device not in declared and "cuda" not in declared:
             continue
         selected = not patterns or any(p in spec.name for p in patterns)
-        if not selected and device != "cpu":
+        if not selected and not load_all:
             continue
         timeout = load_timeout_s if deadline is None else max(5.0, min(load_timeout_s, deadline - time.perf_counter()))
         reason = load_within(spec, timeout)
-        if not selected:  # a CPU rehearsal loads every kernel: a load problem shows even where it does not run
+        if not selected:  # a dry run loads every kernel: a load problem shows even where it does not run
             if reason is not None:
                 left_out.append((spec.name, reason))
             continue
@@ -677,6 +678,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"gpu_sweep: nothing to finish in {out} (no run.json, no records.jsonl)")
             return 0
         return finish(out, report=not args.no_report, cut_short=args.cut_short)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    try:
+        return _sweep(args, argv, t_start)
+    except CutShort as exc:  # outside the cases (loading, or the report): gpu_check.sh's finish pass takes over
+        log(f"gpu_sweep: cut short outside the cases: {exc}")
+        return 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _sweep(args: argparse.Namespace, argv: Sequence[str] | None, t_start: float) -> int:
+    """Load, plan, determinism, grid and finish (`main` holds the SIGTERM handler around it)."""
+    out = Path(args.out_dir)
 
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
@@ -690,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     tf32_reason = tf32_supported() if args.device.startswith("cuda") else "the CPU has no TF32 axis"
     t0 = time.perf_counter()
-    specs, left_out = select_kernels(args.device, args.kernels, include_slow=args.include_slow,
+    specs, left_out = select_kernels(args.device, args.kernels, include_slow=args.include_slow, load_all=args.dry_run,
                                      load_timeout_s=args.load_timeout_s, deadline=t_start + args.budget_s)
     t_load = time.perf_counter() - t0
     cases = plan_cases(specs, device=args.device, lengths=args.lengths, tf32=tf32_reason is None or args.plan)
@@ -734,8 +750,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "cases_planned": len(cases), "t_load_s": round(t_load, 1)})
     store = RunStore(out, header=header)  # written now, so that a killed sweep leaves its plan
     sweep = Sweep(args, t_start)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() \
-        else None
     cut_short = None
     oracle_stats = {"hits": 0, "misses": 0}
     try:
@@ -747,8 +761,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut_short = str(exc) or type(exc).__name__
         log(f"cut short: {cut_short}")
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         store.close()
     elapsed = time.perf_counter() - t_start
     if cut_short is None and sweep.records < len(cases) and not sweep.stopped:
