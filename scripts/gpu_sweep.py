@@ -37,7 +37,7 @@ when it fails the probe or the error is a sticky CUDA error (`harness.gpu.is_sti
 address, a device-side assert), every later case would fail for the context's sake, so the sweep stops
 there with that error in ``run.json`` (``stopped``) and in the report. A warm-up or case that times out
 on a healthy device leaves its thread running in the kernel (an autotuner is not thread-safe), so the
-remaining cases of that kernel's package are skipped, with the reason. SIGTERM (the outer limit) ends
+remaining cases of that kernel's package (`skip_group`) are skipped, with the reason. SIGTERM (the outer limit) ends
 the sweep where it is and still finishes.
 
 Writes into OUT_DIR: ``records.jsonl`` (one record per case, `harness.store.RunStore`), ``run.json``
@@ -531,7 +531,7 @@ class Sweep:
         self.out = Path(args.out_dir)
         self.device = args.device
         self.on_gpu = args.device.startswith("cuda")
-        self.skipped_sources: dict[str, str] = {}  # package -> why its remaining cases are skipped
+        self.skipped_sources: dict[str, str] = {}  # `skip_group` -> why its remaining cases are skipped
         self.not_run: collections.Counter = collections.Counter()
         self.not_run_why: dict[str, str] = {}
         self.stopped: dict[str, Any] | None = None
@@ -561,10 +561,17 @@ class Sweep:
                             "error": error, "probe": probe}
             log(f"  STOP: {spec.name} {problem.key}: {outcome}: {_cell(error, 300)}; probe: {probe or 'ok'}")
         elif outcome == "timeout":
-            why = (f"{spec.name} timed out on {problem.key}; its thread may still be running in the package "
-                   f"(Triton's autotuner is not thread-safe), so {spec.source}'s remaining cases are skipped")
-            self.skipped_sources.setdefault(spec.source, why)
-            log(f"  skip {spec.source}: {why}")
+            group = skip_group(spec)
+            why = (f"{spec.name} timed out on {problem.key}; its thread may still be running in {group} (a "
+                   f"Triton autotuner is not thread-safe), so the remaining cases of {group} are skipped")
+            self.skipped_sources.setdefault(group, why)
+            log(f"  skip {group}: {why}")
+
+
+def skip_group(spec) -> str:
+    """What a timed-out call's leftover thread may share state with: a third-party kernel's package (its
+    Triton kernels and autotuners are shared between its forms), or the kernel itself (in-tree, user)."""
+    return spec.name if spec.source in ("intree", "user") else spec.source
 
 
 def _error_record(spec, problem, outcome: str, error: str, why: str) -> dict[str, Any]:
@@ -613,9 +620,9 @@ def run_grid(sweep: Sweep, cases, store) -> None:
             if time.perf_counter() >= sweep.deadline:
                 sweep.not_run.update(s.name for s, _ in cases[i:])
                 break
-            if spec.source in sweep.skipped_sources:
+            if skip_group(spec) in sweep.skipped_sources:
                 sweep.not_run[spec.name] += 1
-                sweep.not_run_why.setdefault(spec.name, sweep.skipped_sources[spec.source])
+                sweep.not_run_why.setdefault(spec.name, sweep.skipped_sources[skip_group(spec)])
                 continue
             key = compile_key(spec, problem)
             if key not in sweep.warmed:
