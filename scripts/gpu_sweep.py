@@ -57,6 +57,7 @@ import collections
 import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -667,6 +668,15 @@ def run_grid(sweep: Sweep, cases, store) -> None:
                 log(f"  [{i + 1}/{len(cases)} {last_progress - sweep.t_start:.0f} s] L={problem.length}")
 
 
+def _max_memory_gib() -> float | None:
+    import torch
+
+    try:
+        return round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    except Exception:  # noqa: BLE001 - a poisoned context must not cost the report
+        return None
+
+
 def _on_sigterm(signum, frame):  # noqa: ARG001
     raise CutShort(f"signal {signum} (the outer time limit) after "
                    f"{time.perf_counter() - _STARTED:.0f} s")
@@ -740,8 +750,6 @@ def _sweep(args: argparse.Namespace, argv: Sequence[str] | None, t_start: float)
                 f"{' mamba-options' if p.delta_softplus else ''}{f' chunk={p.chunk_size}' if p.chunk_size else ''}")
         return 0
 
-    import torch
-
     from harness.store import HEADER_FILE, RunStore, dumps, environment
 
     out.mkdir(parents=True, exist_ok=True)
@@ -782,11 +790,15 @@ def _sweep(args: argparse.Namespace, argv: Sequence[str] | None, t_start: float)
                    "stopped": sweep.stopped, "cut_short": cut_short, "skipped_packages": sweep.skipped_sources,
                    "warmups": len(sweep.warmed), "elapsed_s": round(elapsed, 1),
                    "imported_modules": imported_modules(),
-                   "cuda_max_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
-                   if sweep.on_gpu else None})
+                   "cuda_max_memory_gib": _max_memory_gib() if sweep.on_gpu else None})
     (out / HEADER_FILE).write_text(json.dumps(json.loads(dumps(header)), indent=2, sort_keys=True) + "\n")
     return finish(out, report=not args.no_report)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status == EXIT_STOPPED:  # a hung kernel's thread or a poisoned context can hang the interpreter's exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
