@@ -93,7 +93,7 @@ DETERMINISM_MAX_LENGTH = 1024
 DEFAULT_TIMEOUT_S = 30.0  # a timed call, after its warm-up
 DEFAULT_WARMUP_TIMEOUT_S = 120.0  # an untimed first call: Triton's compile and autotuning
 DEFAULT_LOAD_TIMEOUT_S = 90.0  # one kernel's load (an import that builds a CUDA extension with nvcc)
-DEFAULT_DETERMINISM_BUDGET_S = 45.0
+DEFAULT_DETERMINISM_BUDGET_S = 90.0  # its first calls compile and autotune, which the grid then need not
 PROGRESS_EVERY_S = 15.0
 ORACLE_CACHE_ENTRIES = 8
 #: The third-party packages the adapters import (import names), whose origin run.json records.
@@ -453,7 +453,8 @@ def finish(out: Path, *, report: bool = True, cut_short: str | None = None) -> i
         ("Packages", "\n".join(f"- {k}: {v or 'not found'}" for k, v in header.get("packages", {}).items())
          or "_not recorded_"),
         ("Warm-up (untimed first calls)", warmup_markdown(warm_rows)),
-        (f"Determinism (bit-for-bit, same inputs, {DETERMINISM_REPEATS} calls)", determinism_markdown(det_rows)),
+        (f"Determinism (bit-for-bit, same inputs, {DETERMINISM_REPEATS} calls)", determinism_markdown(det_rows)
+         + "".join(f"\n\nNot checked: {name}: {why}" for name, why in header.get("determinism_not_checked", {}).items())),
         ("TF32 (float32 cases, TF32 off vs on)", tf32_markdown(records)),
         (f"Summary ({device})", summary),
     ]
@@ -538,6 +539,7 @@ class Sweep:
         self.stopped: dict[str, Any] | None = None
         self.records = 0
         self.warmed: set[tuple] = set()
+        self.det_not_checked: dict[str, str] = {}  # kernel -> why its determinism check did not run
 
     def remaining(self) -> float:
         return self.deadline - time.perf_counter()
@@ -589,7 +591,12 @@ def run_determinism(sweep: Sweep, det_cases, deadline: float) -> None:
     with open(sweep.out / "determinism.jsonl", "w", encoding="utf-8") as det_file:
         for spec, problem in det_cases:
             if time.perf_counter() >= deadline or sweep.stopped:
-                break
+                sweep.det_not_checked.setdefault(spec.name, "stopped" if sweep.stopped else
+                                                 "the determinism phase's budget was spent")
+                continue
+            if skip_group(spec) in sweep.skipped_sources:
+                sweep.det_not_checked[spec.name] = sweep.skipped_sources[skip_group(spec)]
+                continue
             try:  # untimed, so the warm-up timeout: the first call compiles and autotunes
                 row = determinism_check(spec, problem, repeats=DETERMINISM_REPEATS,
                                         timeout_s=sweep.timeout(sweep.args.warmup_timeout_s))
@@ -789,7 +796,7 @@ def _sweep(args: argparse.Namespace, argv: Sequence[str] | None, t_start: float)
                    "budget_exhausted": time.perf_counter() >= sweep.deadline and sweep.records < len(cases),
                    "stopped": sweep.stopped, "cut_short": cut_short, "skipped_packages": sweep.skipped_sources,
                    "warmups": len(sweep.warmed), "elapsed_s": round(elapsed, 1),
-                   "imported_modules": imported_modules(),
+                   "imported_modules": imported_modules(), "determinism_not_checked": sweep.det_not_checked,
                    "cuda_max_memory_gib": _max_memory_gib() if sweep.on_gpu else None})
     (out / HEADER_FILE).write_text(json.dumps(json.loads(dumps(header)), indent=2, sort_keys=True) + "\n")
     return finish(out, report=not args.no_report)

@@ -782,6 +782,7 @@ def test_a_warm_up_that_times_out_skips_the_rest_of_its_package(tmp_path: Path, 
     stuck = [r for r in records if r["kernel"] == "planted.stuck"]
     assert len(stuck) == 1 and stuck[0]["outcome"] == "timeout" and "warm-up" in stuck[0]["why"]
     assert header["not_run_by_kernel"]["planted.stuck"] > 0 and "pkg_stuck" in header["skipped_packages"]
+    assert "budget" in header["determinism_not_checked"]["planted.stuck"]  # that phase had 1 ms
     assert {r["verdict"] for r in records if r["kernel"] == "intree.blelloch_scan"} == {"equivalent"}
     assert rc == 0
 
