@@ -37,6 +37,8 @@ FINISH_S="${FINISH_S:-45}"
 CASE_MARGIN_S="${CASE_MARGIN_S:-30}"  # the last case (30 s call timeout) and the report after the budget
 SECONDS=0
 
+# byte-code caches out of the checkout and the bundle (they would travel with the next carry)
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${TMPDIR:-/tmp}/harness-pycache}"
 if [[ -d "$BUNDLE" ]]; then
     export PYTHONPATH="$ROOT:$BUNDLE${PYTHONPATH:+:$PYTHONPATH}"
     echo "== PYTHONPATH: checkout $ROOT, device bundle $BUNDLE"
