@@ -18,11 +18,16 @@ TRITON ?= triton==3.9.0
 # mamba-ssm adapters would then find a package that cannot run); see docs/performance.md.
 BENCH_PEERS ?= .bench-peers
 MAMBA_SSM ?= mamba-ssm==2.3.2.post1
+# The GPU machine has no network and none of the third-party kernel packages: `make device-bundle` puts
+# them, pure Python (wheels for any Python 3, so also 3.12), pinned and --no-deps, into this ignored folder,
+# which scripts/gpu_check.sh puts on PYTHONPATH (docs/gpu.md). mamba-ssm is built without its CUDA extension.
+DEVICE_BUNDLE ?= .device-bundle
+DEVICE_PACKAGES ?= mambapy==1.2.0 torchscale==0.3.0 yet-another-retnet==0.5.1 accelerated-scan==0.3.1 fla-core==0.6.0
 PYTEST_WORKERS ?= 2
 RUN ?= reports/latest
 PROFILE ?= ci
 
-.PHONY: install install-kernels bench-peers test test-fast test-gpu report sweep seeds bench gate baseline calibrate clean
+.PHONY: install install-kernels bench-peers device-bundle test test-fast test-gpu test-gpu-dry report sweep seeds bench gate baseline calibrate clean
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_CPU)"
@@ -33,14 +38,32 @@ install-kernels:
 	$(PIP) install --no-deps $(THIRD_PARTY)
 	$(PYTHON) -c "import triton" 2>/dev/null || $(PIP) install --no-deps "$(TRITON)"
 
+# Best effort: the bundle lets the GPU dry run (tests/test_cuda_path.py) import every package the way the GPU
+# machine will; without it (no PyPI here) those checks skip with the reason and the rest runs as before.
 test:
+	@test -d $(DEVICE_BUNDLE) || $(MAKE) --no-print-directory device-bundle \
+	  || echo "test: the device bundle could not be built here; its checks will skip (see docs/gpu.md)"
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --hypothesis-profile=$(PROFILE) --harness-report-dir reports/test-run
 
 test-fast:
 	$(PYTHON) -m pytest -x -q --hypothesis-profile=dev -m "not thirdparty"
 
 test-gpu:
-	bash scripts/gpu_check.sh reports/gpu
+	DEVICE_BUNDLE=$(DEVICE_BUNDLE) bash scripts/gpu_check.sh reports/gpu
+
+# The same script end to end on the CPU (tiny grid, the bundle on PYTHONPATH when built): a path, import
+# or packaging error shows here, not in the GPU window. tests/test_cuda_path.py runs it too.
+test-gpu-dry:
+	DEVICE_BUNDLE=$(DEVICE_BUNDLE) PYTHON=$(PYTHON) bash scripts/gpu_check.sh reports/gpu-dry --device cpu --dry-run
+
+device-bundle:
+	rm -rf $(DEVICE_BUNDLE).tmp
+	$(PIP) install --quiet --no-deps --no-compile --only-binary=:all: --python-version 3.12 --implementation py \
+	  --target $(DEVICE_BUNDLE).tmp $(DEVICE_PACKAGES)
+	MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE $(PIP) install --quiet --no-deps --no-compile \
+	  --no-build-isolation --target $(DEVICE_BUNDLE).tmp "$(MAMBA_SSM)"
+	$(PYTHON) scripts/device_bundle.py $(DEVICE_BUNDLE).tmp
+	rm -rf $(DEVICE_BUNDLE) && mv $(DEVICE_BUNDLE).tmp $(DEVICE_BUNDLE)
 
 # A sweep exits 1 when it finds a divergent case: a finding to read in the report, not a failed job.
 report:

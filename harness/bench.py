@@ -90,38 +90,23 @@ def _mamba_ssm_ref() -> Callable:
     CUDA extension (``MAMBA_SKIP_CUDA_BUILD``) into ``$BENCH_PEERS`` (default ``.bench-peers``).
 
     Two things stand between that copy and ``selective_scan_ref``, and both are stepped around without
-    touching its files: the package's ``__init__`` imports the Mamba2/Mamba3 modules (which need
-    huggingface_hub and more), so the package is entered through its path without running it; and
+    touching its files (`harness.kernels.contract.import_skipping_init`): the package's ``__init__``
+    imports the Mamba2/Mamba3 modules (which need huggingface_hub and more), so the package is entered
+    through its path without running it; and
     ``selective_scan_interface`` imports the ``selective_scan_cuda`` extension at the top, which
     ``selective_scan_ref`` never calls, so a placeholder module that raises on any use stands in for it.
     The function casts u, delta, B, C to float32 itself; A must match (its einsum), so it is passed in
     float32 too, and the output comes back in the input's dtype.
     """
-    import importlib.machinery
-    import types
-
+    from harness.kernels.contract import import_skipping_init
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
     where = Path(os.environ.get("BENCH_PEERS", ".bench-peers")).resolve()
-    spec = importlib.machinery.PathFinder.find_spec("mamba_ssm", [str(where)])
-    if spec is None or not spec.submodule_search_locations:
+    if not (where / "mamba_ssm").is_dir():
         raise RuntimeError(f"mamba-ssm is not built in {where}: run `make bench-peers`")
     interpret_if_no_gpu()  # its Triton layer-norm module is decorated at import (see harness.kernels.fla_adapter)
-
-    class _NotBuilt(types.ModuleType):
-        def __getattr__(self, attr: str):
-            raise RuntimeError("selective_scan_cuda was not built (MAMBA_SKIP_CUDA_BUILD)")
-
-    package = types.ModuleType("mamba_ssm")
-    package.__path__ = list(spec.submodule_search_locations)
-    before = set(sys.modules)
-    sys.modules.update(mamba_ssm=package, selective_scan_cuda=_NotBuilt("selective_scan_cuda"))
-    try:
-        from mamba_ssm.ops.selective_scan_interface import selective_scan_ref
-    finally:  # the function keeps its module; the process keeps no half-imported mamba_ssm for others to find
-        for name in set(sys.modules) - before:
-            if name.partition(".")[0] in ("mamba_ssm", "selective_scan_cuda"):
-                del sys.modules[name]
+    selective_scan_ref = import_skipping_init("mamba_ssm.ops.selective_scan_interface", path=[str(where)],
+                                              stand_ins=("selective_scan_cuda",)).selective_scan_ref
 
     def mamba_ssm_ref(u, delta, A, B, C, D=None):
         return selective_scan_ref(u, delta, A.float(), B, C, D)

@@ -18,19 +18,23 @@ module holds what only the GPU path needs:
   for bit (atomics and split-K reductions make some GPU kernels differ from run to run).
 
 `describe_environment` gives the lines `scripts/gpu_check.sh` prints (torch, CUDA, cuDNN, device).
+`device_health` and `is_sticky_error` tell a run when the device can no longer be trusted: an
+illegal address or a device-side assert poisons the CUDA context of the process, and every later
+call on it fails (or hangs) whatever the kernel, so a sweep stops there with that error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from typing import Any, Callable, Iterator
 
 import torch
 
 from harness import dtypes
 from harness.errors import InvalidArgument
-from harness.kernels.contract import KernelSpec
+from harness.kernels.contract import KernelSpec, on_device
 from harness.kernels.guard import DEFAULT_TIMEOUT_S, call_guarded
 from harness.problems import Problem
 
@@ -38,7 +42,9 @@ __all__ = [
     "cuda_available",
     "describe_environment",
     "determinism_check",
+    "device_health",
     "devices_to_test",
+    "is_sticky_error",
     "restore_tf32_state",
     "round_to_tf32",
     "tf32_settings",
@@ -63,6 +69,54 @@ def cuda_available() -> str | None:
     except Exception as exc:  # noqa: BLE001 - any failure here means "not usable", with its reason
         text = " ".join(str(exc).split())[:200]
         return f"CUDA device present but unusable: {type(exc).__name__}: {text} (torch {version})"
+    return None
+
+
+#: Words of the CUDA errors after which the context is unusable (cudaErrorIllegalAddress, ...LaunchFailure,
+#: ...Assert, ...IllegalInstruction, ...MisalignedAddress, ...HardwareStackError, ...ECCUncorrectable).
+STICKY_ERROR_MARKERS = (
+    "illegal memory access", "illegal address", "unspecified launch failure", "device-side assert",
+    "illegal instruction", "misaligned address", "hardware stack error", "uncorrectable ecc",
+    "cudaerrorillegaladdress", "cudaerrorlaunchfailure", "cudaerrorassert",
+)
+
+
+def is_sticky_error(message: str | None) -> bool:
+    """Whether ``message`` (a kernel error's text) names a CUDA error that poisons the context."""
+    text = (message or "").lower()
+    return any(marker in text for marker in STICKY_ERROR_MARKERS)
+
+
+def device_health(device: str | torch.device, timeout_s: float = 15.0) -> str | None:
+    """None when ``device`` still computes (a small op and a synchronize finish in ``timeout_s``), else why not.
+
+    Asked after a kernel raised or timed out on a GPU: after a sticky error the probe raises the same
+    error again; on a hung device it does not finish. The probe runs on a daemon thread, so a hang
+    costs ``timeout_s``, not the run. On the CPU it answers None at once.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    box: dict[str, Any] = {}
+
+    def probe() -> None:
+        try:
+            with torch.cuda.device(device):
+                value = torch.ones(4, device=device).add_(1.0).sum()
+                torch.cuda.synchronize(device)
+                box["value"] = float(value)
+        except BaseException as exc:  # noqa: BLE001 - the error is the answer
+            box["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+    thread = threading.Thread(target=probe, name="harness-device-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return f"{device} did not finish a 4-element add and synchronize within {timeout_s:g} s (hung)"
+    if "error" in box:
+        return f"{device} fails a 4-element add: {box['error']}"
+    if box.get("value") != 8.0:
+        return f"{device} computed 4 x (1 + 1) = {box.get('value')!r}, not 8"
     return None
 
 
@@ -289,7 +343,7 @@ def determinism_check(spec: KernelSpec, problem: Problem, repeats: int = 2, *, k
         "repeats": repeats, "deterministic": None, "max_run_to_run_diff": math.nan, "n_differing": 0,
         "outcome": "ok", "error": None,
     }
-    fn = kernel_fn if kernel_fn is not None else spec.callable()
+    fn = on_device(kernel_fn) if kernel_fn is not None else spec.callable()
     inputs = problem.make_inputs()
     args, kwargs = call_args(problem, inputs)
     device = next(iter(inputs.values())).device

@@ -15,12 +15,19 @@ tensors in the case's dtype on the case's device and expects the documented outp
 Kernels that take a chunk size accept ``chunk_size=`` as a keyword; the harness draws it.
 
 A `KernelSpec` is what a module registers. It never imports the third-party package itself: ``load``
-does, lazily, and raises `KernelUnavailable` with the reason when it cannot.
+does, lazily, and raises `KernelUnavailable` with the reason when it cannot. Any other exception a
+``load`` raises (a failed nvcc build's ``RuntimeError``, an ``OSError`` without ``CUDA_HOME``) also makes
+the kernel unavailable, with that error as the reason: loading is the kernel's business, never the run's.
+
+``KernelSpec.callable()`` hands out the loaded kernel wrapped by `on_device`: for CUDA inputs it makes
+the inputs' device current and synchronizes before returning, so that an asynchronous failure or hang
+surfaces inside the guarded call (and its timeout), and a call's time is the kernel's, not its launch's.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -125,6 +132,11 @@ class Capabilities:
     #: A kernel that rescales rows before its norm agrees with the plain normed retention only at
     #: eps = 0; the suite then draws eps = 0, and sweeps show the eps effect separately.
     eps_values: tuple[float, ...] | None = None
+    #: Whether float32 work goes through matmuls/dots (``torch.matmul``, ``einsum``, Triton's ``tl.dot``),
+    #: which TF32 may round on tensor cores. None: the family's default (`KernelSpec.uses_matmuls`).
+    #: The GPU sweep plans the TF32 axis only for kernels where this holds: for a scan the flags change
+    #: nothing, and TF32's bound is 8192 times float32's.
+    matmuls: bool | None = None
     notes: str = ""
 
     @property
@@ -191,6 +203,14 @@ class KernelSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "family", Family.parse(self.family))
 
+    @property
+    def uses_matmuls(self) -> bool:
+        """``capabilities.matmuls`` when declared; otherwise True for the retention families (q k^T and
+        scores v are matmuls in every form) and False for the scans (elementwise recurrences)."""
+        if self.capabilities.matmuls is not None:
+            return self.capabilities.matmuls
+        return self.family in (Family.RETENTION, Family.RETENTION_NORMED)
+
     def unavailable_reason(self) -> str | None:
         """None when the kernel loads here, else the reason (cached per process)."""
         try:
@@ -200,7 +220,7 @@ class KernelSpec:
         return None
 
     def callable(self) -> Callable:
-        """The loaded kernel; raises `KernelUnavailable` with the reason."""
+        """The loaded kernel wrapped by `on_device`; raises `KernelUnavailable` with the reason."""
         return _load_cached(self)
 
 
@@ -211,15 +231,68 @@ def _load_cached(spec: KernelSpec) -> Callable:
     key = (spec.name, id(spec.load))
     if key not in _LOADED:
         try:
-            _LOADED[key] = spec.load()
+            _LOADED[key] = on_device(spec.load())
         except KernelUnavailable as exc:
             _LOADED[key] = exc
         except ImportError as exc:  # a missing package is the common case; say which
             _LOADED[key] = KernelUnavailable(f"import failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - e.g. an nvcc build at import: the kernel's failure, not the run's
+            text = " ".join(str(exc).split())
+            text = text if len(text) <= 300 else text[:300] + "..."
+            _LOADED[key] = KernelUnavailable(f"loading failed: {type(exc).__name__}: {text}")
     value = _LOADED[key]
     if isinstance(value, KernelUnavailable):
         raise value
     return value
+
+
+def kernel_device(args: Sequence, kwargs: dict) -> torch.device | None:
+    """The CUDA device of the first CUDA tensor among a call's arguments; None when there is none."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            return value.device
+    return None
+
+
+class OnDevice:
+    """A kernel made to run on its inputs' CUDA device and to finish there before it returns (`on_device`).
+
+    A class rather than a closure so that it pickles whenever the kernel does (a worker process can
+    be handed it by value).
+    """
+
+    harness_on_device = True
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        device = kernel_device(args, kwargs)
+        if device is None:
+            return self.fn(*args, **kwargs)
+        with torch.cuda.device(device):
+            out = self.fn(*args, **kwargs)
+            torch.cuda.synchronize(device)
+        return out
+
+    def __repr__(self) -> str:
+        return f"on_device({self.fn!r})"
+
+
+def on_device(fn: Callable) -> Callable:
+    """``fn`` made to run on its inputs' CUDA device and to finish there before it returns.
+
+    For a call with CUDA tensors: the tensors' device is made current (``torch.cuda.device``) for the
+    call, because Triton launches on the *current* device and a worker thread's is ``cuda:0``
+    whatever the inputs say; and ``torch.cuda.synchronize(device)`` runs before returning, so that a
+    kernel that hangs does so inside the caller's timeout, an asynchronous error (an illegal address)
+    is raised by this call and not by a later one, and the caller's clock measures the kernel rather
+    than its launch. Without CUDA tensors it is a plain call. Wrapping twice wraps once.
+    """
+    if getattr(fn, "harness_on_device", False):
+        return fn
+    return OnDevice(fn)
 
 
 def require_module(module: str, *, package: str | None = None):
@@ -231,6 +304,51 @@ def require_module(module: str, *, package: str | None = None):
     except ImportError as exc:
         pkg = package or module.split(".")[0]
         raise KernelUnavailable(f"package {pkg!r} is not installed ({exc}); `pip install {pkg}`") from None
+
+
+def import_skipping_init(module: str, *, path: Sequence[str] | None = None, stand_ins: Sequence[str] = ()):
+    """Import ``module`` (``pkg.sub.mod``) from ``pkg`` on ``sys.path`` (or ``path``) without running
+    ``pkg/__init__.py``.
+
+    For a package whose ``__init__`` imports what cannot load here (mamba-ssm's imports its CUDA
+    extension and its model classes) while the submodule wanted needs none of it (its Triton kernels).
+    The package is entered through its path: a bare module object with the package's ``__path__``
+    stands in for it while ``module`` imports, and ``stand_ins`` names modules that are not there at
+    all (an extension never built), each replaced by a module that raises on any attribute. Afterwards
+    every module this import added under the package's name (and the stand-ins) is taken out of
+    ``sys.modules`` again, so that a later plain ``import pkg`` is not answered by the stand-in; the
+    returned module keeps its globals. Nothing installed is modified. Raises ImportError.
+    """
+    import importlib
+    import importlib.machinery
+    import sys
+    import types
+
+    top = module.partition(".")[0]
+    found = importlib.machinery.PathFinder.find_spec(top, None if path is None else list(path))
+    if found is None or not found.submodule_search_locations:
+        raise ImportError(f"no package {top!r} on {'sys.path' if path is None else list(path)}", name=top)
+
+    class _Absent(types.ModuleType):
+        def __getattr__(self, attr: str):
+            raise ImportError(f"{self.__name__} is not available here (imported by {module} without it)")
+
+    package = types.ModuleType(top)
+    package.__path__ = list(found.submodule_search_locations)
+    package.__file__ = found.origin
+    before = {name: sys.modules[name] for name in (top, *stand_ins) if name in sys.modules}
+    added_before = set(sys.modules)
+    sys.modules[top] = package
+    sys.modules.update({name: _Absent(name) for name in stand_ins})
+    try:
+        return importlib.import_module(module)
+    finally:
+        for name in set(sys.modules) - added_before:
+            if name.partition(".")[0] in (top, *stand_ins):
+                del sys.modules[name]
+        for name in (top, *stand_ins):
+            sys.modules.pop(name, None)
+        sys.modules.update(before)
 
 
 def require_cuda() -> None:

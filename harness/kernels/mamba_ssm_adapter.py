@@ -17,7 +17,18 @@ both kernels here then report the package missing or CUDA absent.
   (the kernel updates it in place: that is its API). Ungrouped B/C use the 3-D form (state (batch, dim,
   N)); grouped B/C (batch, G, N, L) use the multi-head form of mamba-ssm >= 2 with ``nheads = G``,
   ``headdim = dim // G``. The state is kept in the input dtype, as ``Mamba.allocate_inference_cache``
-  does by default; the kernel computes each step in float32.
+  does by default; the kernel computes each step in float32. A case without ``D`` or ``delta_bias``
+  passes zeros (float32), never None: mamba-ssm 2.x launches the kernel with
+  ``*(dt_bias.stride(0), dt_bias.stride(1)) if dt_bias is not None else 0``, which unpacks ``0`` and
+  raises TypeError for None (the same for D). Adding a zero bias and a zero skip is exact, so the
+  kernel computes the same function as without them.
+
+Where mamba-ssm is built without its CUDA extension (``MAMBA_SKIP_CUDA_BUILD=TRUE``, as ``make
+device-bundle`` builds it for a machine with no network), its package ``__init__`` cannot be imported
+(it imports ``selective_scan_cuda`` and the model classes), but its Triton kernels need none of that:
+``selective_state_update`` is then imported with the package entered through its path
+(`harness.kernels.contract.import_skipping_init`; nothing installed is modified), and
+``selective_scan_fn`` is unavailable with the reason that the extension was not built.
 
 Left out, with the reason in docs/adapters.md: ``mamba_chunk_scan_combined`` (Mamba-2's SSD). It takes
 a scalar ``A`` per head (shape (nheads,)) and a ``dt`` per head, whereas this family's A is one value
@@ -28,16 +39,25 @@ and fitting it here would need a family of its own (x (B, L, H, P), dt (B, L, H)
 
 from __future__ import annotations
 
+import importlib.machinery
 from typing import Callable
 
 import torch
 
 from harness.errors import KernelUnavailable
-from harness.kernels.contract import Capabilities, Family, KernelSpec, require_cuda, require_module
+from harness.kernels.contract import (
+    Capabilities,
+    Family,
+    KernelSpec,
+    import_skipping_init,
+    require_cuda,
+    require_module,
+)
 
-__all__ = ["KERNELS"]
+__all__ = ["KERNELS", "state_update_scan"]
 
 PACKAGE = "mamba-ssm"
+EXTENSION = "selective_scan_cuda"
 
 
 def _copy(t: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
@@ -47,21 +67,39 @@ def _copy(t: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Ten
     return t.to(dtype=dtype or t.dtype, memory_format=torch.contiguous_format, copy=True)
 
 
-def _import(module: str):
-    """``module`` from mamba-ssm, then CUDA; the reason names both when both are missing."""
+def _import(module: str, *, extension: str | None = None):
+    """``module`` from mamba-ssm, then CUDA; the reason names both when both are missing.
+
+    When the plain import fails but the package is on ``sys.path`` (a build without its CUDA
+    extension, whose ``__init__`` cannot import), ``module`` is imported without the package's
+    ``__init__``, unless it needs ``extension`` and that was not built.
+    """
     try:
         mod = require_module(module, package=PACKAGE)
     except KernelUnavailable as exc:
-        if torch.cuda.is_available():
-            raise
-        raise KernelUnavailable(f"{exc.reason}; it would not run here anyway: mamba-ssm builds CUDA extensions at "
-                                "install time and its kernels need a CUDA device, and this machine has none") from None
+        mod = _import_without_package_init(module, extension, exc.reason)
     require_cuda()
     return mod
 
 
+def _import_without_package_init(module: str, extension: str | None, failed: str):
+    if importlib.machinery.PathFinder.find_spec("mamba_ssm") is None:
+        if torch.cuda.is_available():
+            raise KernelUnavailable(failed)
+        raise KernelUnavailable(f"{failed}; it would not run here anyway: mamba-ssm builds CUDA extensions at "
+                                "install time and its kernels need a CUDA device, and this machine has none")
+    if extension is not None and importlib.machinery.PathFinder.find_spec(extension) is None:
+        raise KernelUnavailable(f"mamba-ssm is installed without its CUDA extension {extension!r} (a build with "
+                                f"MAMBA_SKIP_CUDA_BUILD=TRUE, such as `make device-bundle`'s); {module} needs it")
+    try:
+        return import_skipping_init(module)
+    except Exception as exc:  # noqa: BLE001 - any failure here is a reason, not a crash
+        raise KernelUnavailable(f"{failed}; imported without the package's __init__ it failed too: "
+                                f"{type(exc).__name__}: {exc}") from None
+
+
 def _load_selective_scan_fn() -> Callable:
-    fn = _import("mamba_ssm.ops.selective_scan_interface").selective_scan_fn
+    fn = _import("mamba_ssm.ops.selective_scan_interface", extension=EXTENSION).selective_scan_fn
     f32 = torch.float32
 
     def mamba_ssm_selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
@@ -73,14 +111,24 @@ def _load_selective_scan_fn() -> Callable:
 
 
 def _load_selective_state_update() -> Callable:
-    fn = _import("mamba_ssm.ops.triton.selective_state_update").selective_state_update
+    return state_update_scan(_import("mamba_ssm.ops.triton.selective_state_update").selective_state_update)
+
+
+def state_update_scan(fn: Callable) -> Callable:
+    """The selective_scan contract from mamba-ssm's single-step ``selective_state_update`` ``fn``.
+
+    ``fn`` is called once per step on a zero state the adapter owns (updated in place: its API). A case
+    without ``D`` or ``delta_bias`` passes float32 zeros instead of None (see the module docstring).
+    """
 
     def mamba_ssm_state_update_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
         batch, dim, length = u.shape
         n = A.shape[1]
         u, delta, A, B, C, D, z, delta_bias = (_copy(t) for t in (u, delta, A, B, C, D, z, delta_bias))
+        zeros = torch.zeros(dim, dtype=torch.float32, device=u.device)
+        D = zeros if D is None else D
+        delta_bias = zeros.clone() if delta_bias is None else delta_bias
         if B.dim() == 3:  # (batch, N, L): the 3-D form, state (batch, dim, N)
-            g, p = 1, dim
             state = torch.zeros(batch, dim, n, dtype=u.dtype, device=u.device)
             a, d, db = A, D, delta_bias
 
@@ -90,9 +138,7 @@ def _load_selective_state_update() -> Callable:
             g = B.shape[1]
             p = dim // g
             state = torch.zeros(batch, g, p, n, dtype=u.dtype, device=u.device)
-            a = A.reshape(g, p, n)
-            d = None if D is None else D.reshape(g, p)
-            db = None if delta_bias is None else delta_bias.reshape(g, p)
+            a, d, db = A.reshape(g, p, n), D.reshape(g, p), delta_bias.reshape(g, p)
 
             def per_head(t):  # (batch, dim) -> (batch, G, dim // G)
                 return t.reshape(batch, g, p)
@@ -131,6 +177,7 @@ KERNELS: list[KernelSpec] = [
             dtypes=("float32", "float16", "bfloat16"),
             devices=("cuda",),
             autograd=False,
+            matmuls=False,
             unsupported={"cpu": "mamba-ssm's Triton kernels are launched under torch.cuda.device(...): CUDA only",
                          "float64": "the kernel computes each step in float32 (x, dt, A, B, C, D, z loaded "
                                     ".to(tl.float32))"},
