@@ -110,6 +110,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     fn = spec.callable()
     g = cotangent(problem, output_shape(problem))
     precision = spec.capabilities.precision(problem.dtype)
+    tf32, precision = problem.tf32 or precision == "tf32", "float32" if precision == "tf32" else precision
 
     def kernel(x):
         args, kwargs = call_args(problem, x, spec)
@@ -144,7 +145,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
             actual = torch.zeros_like(inputs[name])  # the kernel ignores an input the oracle depends on
         axis = -1
         natural = float(g.abs().max()) * y_scale / max(float(x64[name].abs().max()), 1e-300)
-        div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural), dtype=precision,
+        div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural), dtype=precision, tf32=tf32,
                       baseline=None if base is None or base[name] is None else base[name].detach(),
                       length_axis=axis, cond_threshold=options.policy.cond_threshold)
         judgement = judge(div, options.policy)

@@ -181,6 +181,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
 
     precision = spec.capabilities.precision(problem.dtype)
     record["precision"] = precision
+    # a declared "tf32" is float32 storage whose products carry TF32's rounding (harness.dtypes)
+    tf32, precision = problem.tf32 or precision == "tf32", "float32" if precision == "tf32" else precision
     t0 = time.perf_counter()
     try:
         baseline = baseline_output(problem.replace(dtype=precision),
@@ -191,7 +193,7 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
 
     t0 = time.perf_counter()
     div = measure(result.output, trace, dtype=precision, baseline=baseline, length_axis=problem.length_axis,
-                  tf32=problem.tf32, cond_threshold=options.policy.cond_threshold)
+                  tf32=tf32, cond_threshold=options.policy.cond_threshold)
     judgement = judge(div, options.policy)
     timings["t_measure"] = time.perf_counter() - t0
     record.update({k: v for k, v in div.to_dict().items() if k not in record})
