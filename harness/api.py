@@ -59,11 +59,18 @@ class CheckResult:
 def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = None, profile: str | None = None,
           dtypes: tuple[str, ...] | None = None, device: str = "cpu", max_length: int | None = None,
           max_examples: int | None = None, policy=None, store=None, counterexample_dir: Path | None = None,
-          save_counterexample: bool = True, check_determinism: bool = True) -> CheckResult:
-    """Run the property-based search on one kernel; never raises for what the kernel does."""
+          save_counterexample: bool = True, check_determinism: bool = True, grad: bool = True) -> CheckResult:
+    """Run the property-based search on one kernel; never raises for what the kernel does.
+
+    ``grad``: also check, for each case whose forward is equivalent, the gradient of every differentiable
+    input against float64 autograd through the oracle (`harness.gradients`), when the kernel's output is
+    differentiable (a user's kernel is tried; a registered one follows its ``autograd`` declaration). The
+    forward and each input's gradient are separate records (kernel ``<name>:grad[<input>]``).
+    """
     from hypothesis import given, settings, target as hyp_target
 
     from harness.cases import save_counterexample as _save
+    from harness.gradients import gradient_case
     from harness.runner import RunOptions, run_case
     from harness.settings import active_profile, limits, register_profiles
     from harness.strategies import problems
@@ -82,7 +89,10 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     lim = limits(profile)
     options = RunOptions(policy=policy or Policy(), check_determinism=check_determinism)
     result = CheckResult()
-    examples = max_examples or lim.max_examples
+    slow = spec.capabilities.slow  # interpreted (Triton on the CPU): the profile's few, short cases
+    examples = max_examples or (lim.slow_max_examples if slow else lim.max_examples)
+    if max_length is None and slow:
+        max_length = lim.slow_max_length
 
     @settings(settings.get_profile(profile), max_examples=examples)
     @given(problems(spec, dtypes=dtypes, device=device, max_length=max_length, profile=profile))
@@ -92,13 +102,26 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
         cond = record.get("cond_max")
         if isinstance(cond, (int, float)) and cond == cond and cond != float("inf"):
             hyp_target(float(cond), label="cond_max")
+        if grad and record["verdict"] == "equivalent" and (spec.source == "user" or spec.capabilities.autograd):
+            for grad_record in gradient_case(spec, problem, options, forward=record):
+                if store is not None:
+                    store.append(grad_record)
+                result.records.append(grad_record)
+                if grad_record["verdict"] in FAILING_VERDICTS:
+                    record = grad_record
+                    break
         if record["verdict"] in FAILING_VERDICTS:
             result.failure = record
-            if save_counterexample:
+            in_grad = record.get("mode") == "grad"
+            if save_counterexample and not in_grad:  # `harness replay` re-runs forwards only
                 result.counterexample = _save(record, problem, directory=counterexample_dir,
                                               kernel_target=fn if isinstance(fn, str) else None)
             replay = f"harness replay {result.counterexample}" if result.counterexample else record["replay"]
-            raise DivergenceError(format_failure(record, judge(record, options.policy), replay=replay))
+            message = format_failure(record, judge(record, options.policy), replay=replay)
+            if in_grad:
+                message = (f"The gradient of {record['kernel']} diverges (the forward is equivalent; the replay "
+                           f"command re-runs the forward only).\n{message}")
+            raise DivergenceError(message)
 
     try:
         search()

@@ -78,7 +78,8 @@ def cmd_check(args) -> int:
     with RunStore(run_dir, header=environment(args.profile)) as store:
         result = check(args.kernel, family=args.family, profile=args.profile, dtypes=dtypes, device=args.device,
                        max_length=args.max_length, max_examples=args.max_examples, policy=_policy(args),
-                       store=store, counterexample_dir=Path(args.cases_dir) if args.cases_dir else None)
+                       store=store, counterexample_dir=Path(args.cases_dir) if args.cases_dir else None,
+                       grad=not args.no_grad)
     status = _finish_run(run_dir, result.records)
     if result.message:
         print("\n" + result.message)
@@ -198,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-length", type=int, default=None)
     s.add_argument("--max-examples", type=int, default=None)
     s.add_argument("--cases-dir", default=None, help="where the shrunk counterexample is saved")
+    s.add_argument("--no-grad", action="store_true",
+                   help="skip the gradient check (by default every differentiable kernel's gradients are checked)")
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("sweep", help="run a named sweep from cases/sweeps/ (or a .toml file)")

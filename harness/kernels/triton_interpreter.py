@@ -322,8 +322,9 @@ CORRECTIONS: tuple[Correction, ...] = (
     Correction("autotuner_pinned", "every autotuner runs its first surviving config, without benchmarking"),
 )
 
-#: (owner, attribute, original value) of every replacement in effect, in the order they were made
-_PATCHES: list[tuple[Any, str, Any]] = []
+#: (correction, owner, attribute, original value) of every replacement in effect, in the order made
+_PATCHES: list[tuple[str, Any, str, Any]] = []
+_APPLYING: list[str] = []  # the correction being installed (names the patches `_set` records)
 _HOOK: "_ApplyOnImport | None" = None
 
 
@@ -368,9 +369,8 @@ def require_corrections() -> None:
 
 def active_corrections() -> list[str]:
     """Names of the corrections in effect now (empty when none is: no interpreter, untested triton, off)."""
-    if not _PATCHES:
-        return []
-    return [c.name for c in CORRECTIONS]
+    applied = {name for name, *_ in _PATCHES}
+    return [c.name for c in CORRECTIONS if c.name in applied]
 
 
 def describe() -> dict[str, Any]:
@@ -441,8 +441,8 @@ class _ApplyOnImport:
 
 
 def _set(owner: Any, attr: str, value: Any) -> None:
-    _PATCHES.append((owner, attr, owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else
-                     getattr(owner, attr, _MISSING)))
+    _PATCHES.append((_APPLYING[-1], owner, attr, owner.__dict__.get(attr, _MISSING) if isinstance(owner, type)
+                     else getattr(owner, attr, _MISSING)))
     setattr(owner, attr, value)
 
 
@@ -454,40 +454,58 @@ def apply_corrections(module: Any = None) -> list[str]:
 
     Applies nothing (and returns []) on an untested triton; `corrections_unavailable_reason` says why.
     """
-    if _PATCHES:
-        return active_corrections()
     if corrections_unavailable_reason():
         return []
     if module is None:
         import importlib
 
         module = importlib.import_module(_INTERPRETER_MODULE)
-    _install_loop_induction(module)
-    _install_bfloat16(module)
-    _install_dots(module)
-    _install_autotuner_pin()
+    installers = {"loop_induction_int32": _install_loop_induction, "bfloat16_via_float32": _install_bfloat16,
+                  "dot_low_precision_float32_acc": _install_low_precision_dot,
+                  "dot_float32_input_precision": _install_float32_dot,
+                  "autotuner_pinned": lambda _module: _install_autotuner_pin()}
+    active = set(active_corrections())
+    for correction in CORRECTIONS:
+        if correction.name in active:
+            continue
+        _APPLYING.append(correction.name)
+        try:
+            installers[correction.name](module)
+        finally:
+            _APPLYING.pop()
     module.InterpretedFunction.rewritten_fn.clear()  # kernels rewritten before must be rewritten again
     return active_corrections()
 
 
-def remove_corrections() -> None:
-    """Undo every correction (the interpreter as triton ships it)."""
+def remove_corrections(names: Iterable[str] | None = None) -> None:
+    """Undo the named corrections (default: all of them, the interpreter as triton ships it)."""
+    names = None if names is None else set(names)
+    keep = []
     while _PATCHES:
-        owner, attr, original = _PATCHES.pop()
+        entry = _PATCHES.pop()
+        name, owner, attr, original = entry
+        if names is not None and name not in names:
+            keep.append(entry)
+            continue
         if original is _MISSING:
             delattr(owner, attr)
         else:
             setattr(owner, attr, original)
+    _PATCHES.extend(reversed(keep))
     module = sys.modules.get(_INTERPRETER_MODULE)
     if module is not None:
         module.InterpretedFunction.rewritten_fn.clear()
 
 
 @contextlib.contextmanager
-def plain_interpreter() -> Iterator[None]:
-    """Run the block with the interpreter as triton ships it (to show what a correction changes)."""
+def plain_interpreter(*, keep: Iterable[str] = ("autotuner_pinned",)) -> Iterator[None]:
+    """Run the block with the interpreter's arithmetic as triton ships it (to show what a correction changes).
+
+    ``keep``: corrections left in place; by default the autotuner pinning, without which an autotuned
+    kernel does not run at all on a machine without a GPU.
+    """
     was = bool(_PATCHES)
-    remove_corrections()
+    remove_corrections([c.name for c in CORRECTIONS if c.name not in set(keep)])
     try:
         yield
     finally:
@@ -746,7 +764,16 @@ def truncate_to_tf32(values):
     return out.view(np.float32)
 
 
-def _install_dots(module: Any) -> None:
+def _install_low_precision_dot(module: Any) -> None:
+    _install_dot(module, low_precision=True)
+
+
+def _install_float32_dot(module: Any) -> None:
+    _install_dot(module, low_precision=False)
+
+
+def _install_dot(module: Any, *, low_precision: bool) -> None:
+    """One of the two dot corrections, layered over whatever ``create_dot`` is in place."""
     import numpy as np
     import triton.language as tl
 
@@ -763,12 +790,12 @@ def _install_dots(module: Any) -> None:
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         a_ty, b_ty, d_ty = a.dtype.scalar, b.dtype.scalar, d.dtype.scalar
-        if a_ty == b_ty and a_ty in (tl.bfloat16, tl.float16):
+        if low_precision and a_ty == b_ty and a_ty in (tl.bfloat16, tl.float16):
             out = np.matmul(to_f32(a), to_f32(b)) + to_f32(d)  # exact products, float32 sums
             if d_ty == tl.bfloat16:
                 return TensorHandle(float32_to_bf16_bits(out), d_ty)
             return TensorHandle(out.astype(module._get_np_dtype(d_ty)), d_ty)
-        if a_ty == b_ty == tl.float32 and input_precision == tf32:
+        if not low_precision and a_ty == b_ty == tl.float32 and input_precision == tf32:
             a = TensorHandle(truncate_to_tf32(a.data), a_ty)
             b = TensorHandle(truncate_to_tf32(b.data), b_ty)
         return orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
