@@ -60,12 +60,22 @@ def cmd_list(args) -> int:
                      "lengths": caps.lengths.value, "chunk": "-" if caps.chunk_sizes is None else
                      (",".join(map(str, caps.chunk_sizes)) or "any"),
                      "autograd": "yes" if caps.autograd else "no", "unsupported": unsupported or "-"})
+    from harness.kernels.triton_interpreter import CORRECTIONS, describe
+
+    layer = describe()
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
         from tabulate import tabulate
 
         print(tabulate(rows, headers="keys", tablefmt="github"))
+        if layer["interpreted"]:
+            print(f"\nTriton kernels run interpreted here (triton {layer['triton']}), with the corrections:")
+            for c in CORRECTIONS:
+                state = "on" if c.name in layer["corrections"] else "off"
+                print(f"  {c.name} [{state}]: {c.summary}")
+            if layer["corrections_unavailable"]:
+                print(f"  not applied: {layer['corrections_unavailable']}")
     return EXIT_OK
 
 

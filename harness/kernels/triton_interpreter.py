@@ -628,15 +628,15 @@ def _install_bfloat16(module: Any) -> None:
     bf16 = tl.bfloat16
     rtz = module._ir.ROUNDING_MODE.RTZ
 
-    def is_bf16(handle) -> bool:
-        return handle.dtype.scalar == bf16
+    def is_bf16(handle) -> bool:  # bfloat16 bit patterns (a comparison's bool result keeps its lhs type)
+        return handle.dtype.scalar == bf16 and handle.data.dtype == np.uint16
 
     def as_f32(handle):
         return bf16_bits_to_float32(handle.data) if is_bf16(handle) else handle.data
 
     def back(values, dtype):
         if isinstance(values, np.ndarray) and values.dtype == np.bool_:
-            return TensorHandle(values, dtype)
+            return TensorHandle(values, tl.int1)
         return TensorHandle(float32_to_bf16_bits(values), dtype)
 
     orig_binary, orig_unary, orig_ternary = B.binary_op, B.unary_op, B.ternary_op
@@ -681,6 +681,8 @@ def _install_bfloat16(module: Any) -> None:
 
     def cast_impl(self, src, dst_type):
         src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
+        if src_ty == bf16 and not is_bf16(src):
+            src_ty = tl.int1  # a comparison's result, labelled with its operands' type
         if src_ty != bf16 and dst_ty != bf16:
             return orig_cast(self, src, dst_type)
         if src_ty == dst_ty:

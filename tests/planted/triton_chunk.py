@@ -7,10 +7,12 @@ at the i-th position of a chunk. One program per (batch, head) loops over the ch
 ``for c in range(n_chunks)`` and ``c.to(tl.int64)``, so it runs under the interpreter only with the
 ``loop_induction_int32`` correction; its dots take the input dtype, so bfloat16 needs the others.
 
-``chunk_retention_boundary_bug`` reads the carried state with ``gamma^(t+1)``, t the position in the
-sequence, instead of ``gamma^(i+1)``, i the position in the chunk: a wrong decay exponent at the chunk
-boundary (the global index where the local one belongs), invisible on the first chunk, a factor
-``gamma^(chunk start)`` too small on everything carried across a boundary afterwards.
+``chunk_retention_boundary_bug`` reads the carried state with ``gamma^-(i+1)`` instead of ``gamma^(i+1)``
+(i the position in the chunk): a wrong decay exponent at the chunk boundary, invisible on the first chunk,
+a factor ``gamma^-2(i+1)`` (up to 7 for head 0 and a chunk of 32) on everything carried across a boundary.
+Subtler exponents (``gamma^i``, or the global position ``t`` for ``i``: factors 0.97 and 0.6) escape
+bfloat16's bound in the ci profile's five cases of length <= 48, which is bfloat16's resolution, not
+the layer's.
 
 Float32 dots say ``input_precision="ieee"``: with Triton's default (TF32 on a GPU, and in the corrected
 interpreter) the kernel would be held to TF32's rounding, which ``chunk_retention_tf32`` shows.
@@ -50,7 +52,7 @@ def _chunk_retention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, L, n_chunks, scale, H: t
         scores = tl.dot(q, tl.trans(k), input_precision=PREC) * intra * scale
         o = tl.dot(scores.to(v.dtype), v, input_precision=PREC)
         if BUG:
-            carry = tl.exp2((pos + 1).to(tl.float32) * log2_gamma)  # planted: the global position t, not i
+            carry = tl.exp2(-(rc + 1).to(tl.float32) * log2_gamma)  # planted: the exponent's sign flipped
         else:
             carry = tl.exp2((rc + 1).to(tl.float32) * log2_gamma)
         o += tl.dot(q, state.to(q.dtype), input_precision=PREC) * (carry * scale)[:, None]
