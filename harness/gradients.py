@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from harness import dtypes
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
@@ -133,7 +134,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     fn = spec.callable()
     g = cotangent(problem, output_shape(problem))
     precision = spec.capabilities.precision(problem.dtype)
-    tf32, precision = problem.tf32 or precision == "tf32", "float32" if precision == "tf32" else precision
+    storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
 
     def kernel(x):
         args, kwargs = call_args(problem, x, spec)
@@ -161,10 +162,10 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         y_scale = float(_oracle_output(problem, x64, spec.convention).abs().max())
     want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
     base = None
-    if precision != "float64":
-        low = {k: v.to(DTYPE_NAMES[precision]) for k, v in x64.items()}
+    if storage != "float64":
+        low = {k: v.to(DTYPE_NAMES[storage]) for k, v in x64.items()}
         base = _vjp(lambda x: _oracle_output(problem, x, spec.convention), low, names,
-                    g.to(DTYPE_NAMES[precision]))
+                    g.to(DTYPE_NAMES[storage]))
     records = []
     for name in names:
         ref = want[name]
@@ -175,7 +176,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
             actual = torch.zeros_like(inputs[name])  # the kernel ignores an input the oracle depends on
         axis = -1
         natural = float(g.abs().max()) * y_scale / max(float(x64[name].abs().max()), 1e-300)
-        div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural), dtype=precision, tf32=tf32,
+        div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural), dtype=precision,
+                      tf32=problem.tf32,
                       baseline=None if base is None or base[name] is None else base[name].detach(),
                       length_axis=axis, cond_threshold=options.policy.cond_threshold)
         judgement = judge(div, options.policy)

@@ -23,8 +23,9 @@ backward kernels through them) and returns o in the input dtype.
 
 TF32. fla's float32 ``tl.dot`` calls name no ``input_precision``, so on an sm_80+ GPU they run in TF32
 whatever torch's TF32 flags say (Triton's default). Every kernel with a ``tl.dot`` therefore declares
-``computes_in={"float32": "tf32"}``: its float32 runs are held to TF32's rounding, on CUDA and on the CPU,
-where the interpreter reproduces the GPU's TF32 products (`harness.kernels.triton_interpreter`,
+``computes_in={"float32": "tf32_rz"}``: its float32 runs are held to the rounding of TF32 reached by
+truncation (`harness.dtypes`: Triton feeds float32 registers to the TF32 ``mma``, which ignores their low 13
+fraction bits), on CUDA and on the CPU, where the interpreter reproduces the GPU's TF32 products (`harness.kernels.triton_interpreter`,
 ``dot_float32_input_precision``). Each such kernel has a ``<name>.ieee`` twin, float32 only, run with
 ``TRITON_F32_DEFAULT=ieee`` (`triton_interpreter.dot_input_precision`) and held to float32: the pair tells
 how much of a kernel's float32 error on an H100 comes from TF32.
@@ -71,7 +72,7 @@ _FLOAT64 = ("fla's kernels compute in float32 by design (float32 states and accu
 _FLOAT64_RECURRENT = ("; fused_recurrent_retention returns float64 tensors with float32 accuracy (error ~1e-5 vs "
                       "float64 on a 32-step case)")
 _TF32 = ("fla's float32 tl.dot calls name no input_precision, so they run in TF32 on sm_80+ GPUs whatever "
-         "torch's flags say (and in the interpreter, which reproduces it): held to TF32 rounding")
+         "torch's flags say (and in the interpreter, which reproduces it): held to truncated TF32's rounding")
 
 #: tl.dot needs every block dimension >= 16 when compiled for a GPU; the interpreter takes any size
 _DOT_HEAD_DIMS = None if triton_interpreter.runs_interpreted() else (16, 32, 64, 128)
@@ -211,7 +212,7 @@ def _caps(entry: _Entry, *, ieee: bool = False) -> Capabilities:
         computes_in["float64"] = "float32"
         notes = f"float64: {_FLOAT64 + _FLOAT64_RECURRENT}; {notes}"
     if entry.dots and not ieee:
-        computes_in["float32"] = "tf32"
+        computes_in["float32"] = "tf32_rz"
         notes = f"{notes}; float32: {_TF32}"
     if ieee:
         dtypes = ("float32",)
