@@ -325,7 +325,7 @@ def test_harness_check_runs_a_user_triton_kernel_interpreted_and_corrected(tmp_p
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     target = f"{ROOT / 'tests' / 'planted' / 'triton_chunk.py'}:chunk_retention_boundary_bug"
     proc = subprocess.run([sys.executable, "-m", "harness", "check", "--kernel", target, "--family", "retention",
-                           "--dtypes", "bfloat16", "--max-examples", "6", "--max-length", "48",
+                           "--dtypes", "bfloat16", "--max-examples", "4", "--max-length", "48",
                            "--report-dir", str(tmp_path / "run"), "--cases-dir", str(tmp_path / "cases")],
                           capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]

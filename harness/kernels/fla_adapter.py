@@ -25,10 +25,12 @@ TF32. fla's float32 ``tl.dot`` calls name no ``input_precision``, so on an sm_80
 whatever torch's TF32 flags say (Triton's default). Every kernel with a ``tl.dot`` therefore declares
 ``computes_in={"float32": "tf32_rz"}``: its float32 runs are held to the rounding of TF32 reached by
 truncation (`harness.dtypes`: Triton feeds float32 registers to the TF32 ``mma``, which ignores their low 13
-fraction bits), on CUDA and on the CPU, where the interpreter reproduces the GPU's TF32 products (`harness.kernels.triton_interpreter`,
-``dot_float32_input_precision``). Each such kernel has a ``<name>.ieee`` twin, float32 only, run with
-``TRITON_F32_DEFAULT=ieee`` (`triton_interpreter.dot_input_precision`) and held to float32: the pair tells
-how much of a kernel's float32 error on an H100 comes from TF32.
+fraction bits), on CUDA and on the CPU, where the interpreter reproduces the GPU's TF32 products
+(`harness.kernels.triton_interpreter`, ``dot_float32_input_precision``). Each such kernel has a
+``<name>.ieee`` twin, float32 only, run with ``TRITON_F32_DEFAULT=ieee``
+(`triton_interpreter.dot_input_precision`) and held to float32: the pair tells how much of a kernel's
+float32 error on an H100 comes from TF32. The twins' gradients are not checked (``autograd=False``): fla's
+backward runs after the call returned, outside the precision setting.
 
 On a machine without CUDA the kernels run under the Triton interpreter with its corrections: ``load`` turns
 it on before importing fla, and then runs the kernel once on a tiny case (1 x 16 x 1 x 16, float32), so that
