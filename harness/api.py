@@ -59,15 +59,22 @@ class CheckResult:
 def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = None, profile: str | None = None,
           dtypes: tuple[str, ...] | None = None, device: str = "cpu", max_length: int | None = None,
           max_examples: int | None = None, policy=None, store=None, counterexample_dir: Path | None = None,
-          save_counterexample: bool = True, check_determinism: bool = True) -> CheckResult:
-    """Run the property-based search on one kernel; never raises for what the kernel does."""
+          save_counterexample: bool = True, check_determinism: bool = True, grad: bool = True) -> CheckResult:
+    """Run the property-based search on one kernel; never raises for what the kernel does.
+
+    ``grad``: also check, for each case whose forward is equivalent, the gradient of every differentiable
+    input against float64 autograd through the oracle (`harness.gradients`), when the kernel's output is
+    differentiable (a user's kernel is tried; a registered one follows its ``autograd`` declaration). The
+    forward and each input's gradient are separate records (kernel ``<name>:grad[<input>]``).
+    """
     from hypothesis import given, settings, target as hyp_target
 
-    from harness.cases import save_counterexample as _save
-    from harness.runner import RunOptions, run_case
+    from harness.cases import save_counterexample as _save_case
+    from harness.gradients import gradient_case
+    from harness.runner import RunOptions, run_case as _run_case
     from harness.settings import active_profile, limits, register_profiles
     from harness.strategies import problems
-    from harness.verdict import Policy, format_failure, judge
+    from harness.verdict import Policy, format_failure as _format_failure, judge
 
     register_profiles()
     spec = user_kernel_spec(fn, family=family)
@@ -82,8 +89,17 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     lim = limits(profile)
     options = RunOptions(policy=policy or Policy(), check_determinism=check_determinism)
     result = CheckResult()
-    examples = max_examples or lim.max_examples
+    slow = spec.capabilities.slow  # interpreted (Triton on the CPU): the profile's few, short cases
+    examples = max_examples or (lim.slow_max_examples if slow else lim.max_examples)
+    if max_length is None and slow:
+        max_length = lim.slow_max_length
 
+    run_case = _with_gradients(_run_case, gradient_case, spec, result, store) if grad else _run_case
+    _save = _forward_only(_save_case)  # `harness replay` re-runs forwards: no saved case for a gradient
+    format_failure = _naming_gradients(_format_failure)
+
+    # the body of `search` is kept as it was before gradients: hypothesis derives its derandomized draws
+    # (the ci profile) from this source, and the planted-bug suite's findings from those draws
     @settings(settings.get_profile(profile), max_examples=examples)
     @given(problems(spec, dtypes=dtypes, device=device, max_length=max_length, profile=profile))
     def search(problem):
@@ -106,3 +122,44 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     except DivergenceError as exc:
         result.message = str(exc)
     return result
+
+
+def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpec, result: CheckResult, store,
+                    ) -> Callable:
+    """``run_case`` followed, when the forward is equivalent and the output differentiable, by the gradient
+    records of the case (stored and kept in ``result``); returns the first failing record, else the forward."""
+
+    def run(spec_, problem, options, *, store=None):
+        record = run_case(spec_, problem, options, store=store)
+        if record["verdict"] != "equivalent" or not (spec.source == "user" or spec.capabilities.autograd):
+            return record
+        taken = [record]
+        for grad_record in gradient_case(spec_, problem, options, forward=record):
+            if store is not None:
+                store.append(grad_record)
+            taken.append(grad_record)
+            if grad_record["verdict"] in FAILING_VERDICTS:
+                break
+        last = taken[-1] if taken[-1]["verdict"] in FAILING_VERDICTS else record
+        result.records.extend(r for r in taken if r is not last)
+        return last
+
+    return run
+
+
+def _forward_only(save: Callable) -> Callable:
+    def save_forward(record: dict[str, Any], problem, **kwargs):
+        return None if record.get("mode") == "grad" else save(record, problem, **kwargs)
+
+    return save_forward
+
+
+def _naming_gradients(format_failure: Callable) -> Callable:
+    def with_gradient_note(record, judgement, replay=None) -> str:
+        message = format_failure(record, judgement, replay=replay)
+        if isinstance(record, dict) and record.get("mode") == "grad":
+            message = (f"The gradient of {record['kernel']} diverges (the forward is equivalent; the replay "
+                       f"command re-runs the forward only).\n{message}")
+        return message
+
+    return with_gradient_note

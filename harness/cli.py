@@ -61,12 +61,22 @@ def cmd_list(args) -> int:
                      "lengths": caps.lengths.value, "chunk": "-" if caps.chunk_sizes is None else
                      (",".join(map(str, caps.chunk_sizes)) or "any"),
                      "autograd": "yes" if caps.autograd else "no", "unsupported": unsupported or "-"})
+    from harness.kernels.triton_interpreter import CORRECTIONS, describe
+
+    layer = describe()
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
         from tabulate import tabulate
 
         print(tabulate(rows, headers="keys", tablefmt="github"))
+        if layer["interpreted"]:
+            print(f"\nTriton kernels run interpreted here (triton {layer['triton']}), with the corrections:")
+            for c in CORRECTIONS:
+                state = "on" if c.name in layer["corrections"] else "off"
+                print(f"  {c.name} [{state}]: {c.summary}")
+            if layer["corrections_unavailable"]:
+                print(f"  not applied: {layer['corrections_unavailable']}")
     return EXIT_OK
 
 
@@ -79,7 +89,8 @@ def cmd_check(args) -> int:
     with RunStore(run_dir, header=environment(args.profile)) as store:
         result = check(args.kernel, family=args.family, profile=args.profile, dtypes=dtypes, device=args.device,
                        max_length=args.max_length, max_examples=args.max_examples, policy=_policy(args),
-                       store=store, counterexample_dir=Path(args.cases_dir) if args.cases_dir else None)
+                       store=store, counterexample_dir=Path(args.cases_dir) if args.cases_dir else None,
+                       grad=not args.no_grad)
     status = _finish_run(run_dir, result.records)
     if result.message:
         print("\n" + result.message)
@@ -199,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-length", type=int, default=None)
     s.add_argument("--max-examples", type=int, default=None)
     s.add_argument("--cases-dir", default=None, help="where the shrunk counterexample is saved")
+    s.add_argument("--no-grad", action="store_true",
+                   help="skip the gradient check (by default every differentiable kernel's gradients are checked)")
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("sweep", help="run a named sweep from cases/sweeps/ (or a .toml file)")

@@ -16,11 +16,16 @@ float32    24         23             2**-24       3.403e+38        2**-126      
 float16    11         10             2**-11       65504            2**-14              2**-24
 bfloat16   8          7              2**-8        3.390e+38        2**-126             2**-133
 tf32       11         10             2**-11       3.403e+38        2**-126             2**-149
+tf32_rz    11         10             2**-10       3.403e+38        2**-126             2**-149
 =========  =========  =============  ===========  ===============  ==================  ==========
 
 ``tf32`` is not a storage type: it is float32 storage whose matrix products are computed with a 10-bit
 fraction on tensor cores (``torch.backends.cuda.matmul.allow_tf32``). Its range is float32's; only
 ``u`` differs. Pass ``tf32=True`` to `unit_roundoff` for a float32 kernel that multiplies in TF32.
+``tf32_rz`` is TF32 reached by truncation: Triton hands float32 registers to the TF32 ``mma`` as they are
+and the tensor core ignores the low 13 fraction bits (triton-lang/triton#4574), so an operand's relative
+error reaches ``2**-10``, twice cuBLAS's rounded TF32. A kernel declares it (``computes_in``) for
+float32 ``tl.dot`` calls that name no ``input_precision``.
 
 The values match ``torch.finfo`` (``u = finfo.eps / 2``); the tests check that.
 """
@@ -68,6 +73,9 @@ DTYPES: dict[str, DtypeInfo] = {
     ),
     # float32 storage, 10-bit fraction in tensor-core matmuls (NVIDIA A100 whitepaper; torch docs on TF32).
     "tf32": DtypeInfo("tf32", torch.float32, 11, 10, 2.0**-11, 3.4028234663852886e38, 2.0**-126, 2.0**-149, torch.int32),
+    # the same products with truncated operands (round toward zero): Triton's TF32 tl.dot on NVIDIA GPUs
+    "tf32_rz": DtypeInfo("tf32_rz", torch.float32, 11, 10, 2.0**-10, 3.4028234663852886e38, 2.0**-126, 2.0**-149,
+                         torch.int32),
 }
 
 #: Other spellings accepted wherever a dtype name is.

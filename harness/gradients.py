@@ -21,7 +21,10 @@ at cond 1.01 in float64 that way). The same-dtype baseline (autograd through the
 dtype) decides, as for outputs, whether a larger error is rounding the plain loop makes too.
 
 A case whose forward output is not equivalent is not differentiated: its forward record is returned
-(the gradient of an overflowing or wrong forward says nothing new).
+(the gradient of an overflowing or wrong forward says nothing new). A kernel whose output carries no
+gradient (or, when it does not declare ``autograd``, whose forward refuses inputs that require grad) has
+nothing to check and gives no gradient record; `harness check` relies on that to check the gradients of
+every kernel, a user's own included, whose output is differentiable.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 import torch
 
+from harness import dtypes
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
@@ -64,11 +68,25 @@ def _oracle_output(problem: Problem, x: dict[str, torch.Tensor], convention: Ret
     return ad.retention_normed(x["q"], x["k"], x["v"], problem.eps, gamma, scale)
 
 
+class ForwardRaised(Exception):
+    """The kernel's forward raised when its inputs required grad (it ran without them)."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(f"{type(exc).__name__}: {exc}")
+        self.original = exc
+
+
 def _vjp(fn, inputs: dict[str, torch.Tensor], names: tuple[str, ...], cotangent: torch.Tensor,
-         ) -> dict[str, torch.Tensor | None]:
+         ) -> dict[str, torch.Tensor | None] | None:
+    """The gradients of ``fn`` along ``cotangent``; None when its output is not differentiable."""
     leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in inputs.items()}
     with torch.enable_grad():
-        out = fn(leaves)
+        try:
+            out = fn(leaves)
+        except Exception as exc:  # noqa: BLE001 - the caller decides what a failing forward means
+            raise ForwardRaised(exc) from exc
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return None
         wanted = [leaves[k] for k in names]
         grads = torch.autograd.grad(out, wanted, cotangent.to(out.dtype), allow_unused=True)
     return dict(zip(names, grads))
@@ -100,21 +118,28 @@ def cotangent(problem: Problem, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(shape, generator=gen, dtype=torch.float64).to(problem.torch_dtype).to(torch.float64)
 
 
-def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None,
-                  ) -> list[dict[str, Any]]:
+def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
+                  forward: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One record per differentiated input (kernel ``<name>:grad[<input>]``), or the forward record
-    when the forward output is not equivalent."""
+    when the forward output is not equivalent; none when the kernel's output is not differentiable.
+
+    ``forward``: the forward record of this problem when it was already taken (`harness check`); it is
+    then not run again, and not returned.
+    """
     from harness.metrics import measure
 
     options = options or RunOptions()
-    forward = run_case(spec, problem, options)
+    given = forward is not None
+    if forward is None:
+        forward = run_case(spec, problem, options)
     if forward["verdict"] != "equivalent":
-        return [forward]
+        return [] if given else [forward]
     inputs = problem.make_inputs()
     names = tuple(n for n in GRAD_INPUTS[problem.family] if n in inputs)
     fn = spec.callable()
     g = cotangent(problem, output_shape(problem))
     precision = spec.capabilities.precision(problem.dtype)
+    storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
 
     def kernel(x):
         args, kwargs = call_args(problem, x, spec)
@@ -124,20 +149,27 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     try:
         got = _vjp(kernel, inputs, names, g.to(problem.torch_dtype).to(problem.device))
     except Exception as exc:  # noqa: BLE001 - a failing backward is a finding, recorded
-        message = f"{Outcome.RAISED.value}: backward raised {type(exc).__name__}: {exc}"
-        record = dict(forward, mode="grad", grad_of="*", outcome=Outcome.RAISED.value, error=message)
+        if isinstance(exc, ForwardRaised) and not spec.capabilities.autograd:
+            return []  # an undeclared kernel that cannot take inputs requiring grad: not differentiable
+        what = f"forward with inputs requiring grad raised {exc}" if isinstance(exc, ForwardRaised) else \
+            f"backward raised {type(exc).__name__}: {exc}"
+        message = f"{Outcome.RAISED.value}: {what}"
+        record = dict(forward, mode="grad", grad_of="*", outcome=Outcome.RAISED.value, error=message,
+                      kernel=f"{spec.name}:grad[*]")
         judgement = judge({}, options.policy, kernel_error=message)
         record.update(verdict=judgement.verdict.value, why=judgement.why, cause=Outcome.RAISED.value)
         return [record]
     t_kernel = time.perf_counter() - t0
+    if got is None:
+        return []  # the output carries no gradient (a kernel without autograd): nothing to check
     x64 = {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
     y_scale = float(reference_trace(problem, x64, spec.convention).magnitude.max())
     want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
     base = None
-    if precision != "float64":
-        low = {k: v.to(DTYPE_NAMES[precision]) for k, v in x64.items()}
+    if storage != "float64":
+        low = {k: v.to(DTYPE_NAMES[storage]) for k, v in x64.items()}
         base = _vjp(lambda x: _oracle_output(problem, x, spec.convention), low, names,
-                    g.to(DTYPE_NAMES[precision]))
+                    g.to(DTYPE_NAMES[storage]))
     records = []
     for name in names:
         ref = want[name]
@@ -149,6 +181,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         axis = -1
         natural = float(g.abs().max()) * y_scale / max(float(x64[name].abs().max()), 1e-300)
         div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural), dtype=precision,
+                      tf32=problem.tf32,
                       baseline=None if base is None or base[name] is None else base[name].detach(),
                       length_axis=axis, cond_threshold=options.policy.cond_threshold)
         judgement = judge(div, options.policy)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from harness import dtypes
 from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import DEFAULT_TIMEOUT_S, call_guarded
 from harness.problems import Problem
@@ -181,10 +182,11 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
 
     precision = spec.capabilities.precision(problem.dtype)
     record["precision"] = precision
+    storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
     t0 = time.perf_counter()
     try:
-        baseline = baseline_output(problem.replace(dtype=precision),
-                                   {k: v.to(DTYPE_NAMES[precision]) for k, v in inputs.items()}, spec.convention)
+        baseline = baseline_output(problem.replace(dtype=storage),
+                                   {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
     except Exception as exc:  # noqa: BLE001 - a baseline failure must not lose the kernel's measurement
         baseline, record["baseline_error"] = None, f"{type(exc).__name__}: {exc}"
     timings["t_baseline"] = time.perf_counter() - t0

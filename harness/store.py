@@ -68,6 +68,8 @@ def environment(profile: str | None = None, command: str | None = None) -> dict[
 
     from harness import __version__
 
+    from harness.kernels.triton_interpreter import describe as triton_layer
+
     cuda = torch.cuda.is_available()
     return {
         "harness_version": __version__,
@@ -80,6 +82,8 @@ def environment(profile: str | None = None, command: str | None = None) -> dict[
         "profile": profile,
         "command": command or " ".join(sys.argv),
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        # whether Triton kernels run interpreted here, and the corrections that make it compute as a GPU
+        "triton_interpreter": triton_layer(),
     }
 
 

@@ -51,7 +51,8 @@ BY_NAME = {spec.name: spec for spec in SPECS}
 F64 = torch.float64
 
 #: normwise tolerance per dtype on these small, benign cases (a few hundred units of roundoff; garbage is O(1))
-RTOL = {"float64": 1e-11, "float32": 2e-5, "float16": 1e-2, "bfloat16": 6e-2}
+RTOL = {"float64": 1e-11, "float32": 2e-5, "float16": 1e-2, "bfloat16": 6e-2,
+        "tf32": 1e-2, "tf32_rz": 2e-2}  # float32 storage, 10-bit products (rounded, truncated)
 
 #: kernels whose rounding is larger than a plain loop's by design, and the factor allowed on RTOL
 LOOSER = {
@@ -532,6 +533,52 @@ def test_triton_adapters_declare_the_interpreter() -> None:
         caps = BY_NAME[name].capabilities
         assert caps.slow is interpreted
         assert ("cpu" in caps.unsupported) is (not interpreted)
+
+
+def test_every_autotuner_is_pinned_by_the_layer() -> None:
+    """A kernel nobody passed to pin_autotuners (a user's) still runs one config, unbenchmarked."""
+    triton = pytest.importorskip("triton")
+    triton_interpreter.enable_interpreter([])
+    if not triton_interpreter.interpreter_enabled():
+        pytest.skip("CUDA is present: kernels run compiled and are not pinned")
+    assert "autotuner_pinned" in triton_interpreter.active_corrections()
+    import triton.language as tl
+
+    runs: list[int] = []
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": b}, pre_hook=lambda nargs: runs.append(nargs["BLOCK"]))
+                              for b in (32, 16)], key=["n"])
+    @triton.jit
+    def triple(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, 3 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+    x = torch.arange(40, dtype=torch.float32)
+    y = torch.empty_like(x)
+    triple[lambda meta: (triton.cdiv(40, meta["BLOCK"]),)](x, y, 40)
+    assert runs == [32] and torch.equal(y, 3 * x)
+
+
+def test_fla_declares_tf32_for_its_dots_and_ieee_twins_do_not() -> None:
+    fla = [s for s in fla_adapter.KERNELS]
+    twins = {s.name for s in fla if s.name.endswith(".ieee")}
+    assert twins and all(s.capabilities.dtypes == ("float32",) and not s.capabilities.computes_in
+                         for s in fla if s.name in twins)
+    for spec in fla:
+        if spec.name in twins:
+            continue
+        has_twin = f"{spec.name}.ieee" in twins
+        assert (spec.capabilities.computes_in.get("float32") == "tf32_rz") is has_twin, spec.name
+        assert spec.capabilities.autograd
+    assert not any(s.capabilities.autograd for s in fla if s.name in twins)
+
+
+def test_fused_chunk_gla_is_unavailable_with_fla_s_reason() -> None:
+    spec = BY_NAME["fla.fused_chunk_gla"]
+    reason = spec.unavailable_reason()
+    if reason is None or "not installed" in reason:
+        pytest.skip(f"fla.fused_chunk_gla: {reason}")
+    assert "deprecated" in reason
 
 
 # --------------------------------------------------------------------------- lazy imports

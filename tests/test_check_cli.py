@@ -44,6 +44,28 @@ KERNELS = textwrap.dedent(
         return torch.stack(out, dim=-1)
 
 
+    class _ScanBackwardIgnoresDecay(torch.autograd.Function):
+        """Forward: the loop. Backward: wrong, sums the cotangents as if every decay were 1."""
+
+        @staticmethod
+        def forward(ctx, a, b):
+            h = loop_scan(a, b)
+            ctx.save_for_backward(h)
+            return h
+
+        @staticmethod
+        def backward(ctx, g):
+            (h,) = ctx.saved_tensors
+            lam = g.flip(-1).cumsum(-1).flip(-1)  # right only when every a_t is 1
+            h_prev = torch.nn.functional.pad(h[..., :-1], (1, 0))
+            return lam * h_prev, lam
+
+
+    def scan_backward_ignores_decay(a, b):
+        """Right forward, custom autograd.Function backward that ignores the decays."""
+        return _ScanBackwardIgnoresDecay.apply(a, b)
+
+
     def loop_scan_stale_decay(a, b):
         """Wrong: h_t = a_{t-1} h_{t-1} + b_t (the decay read one step late)."""
         h = torch.zeros_like(b[..., 0])
@@ -97,10 +119,28 @@ def _out(proc: subprocess.CompletedProcess) -> str:
 def test_exit_0_for_a_correct_kernel(tmp_path, kernel_file):
     proc = harness_check(tmp_path, "--family", "linear_scan", "--kernel", f"{kernel_file}:loop_scan")
     assert proc.returncode == 0, _out(proc)
-    records = (tmp_path / "report" / "records.jsonl").read_text().splitlines()
-    assert len(records) == 6
-    assert {json.loads(line)["verdict"] for line in records} <= {"equivalent", "out_of_domain"}
+    records = [json.loads(line) for line in (tmp_path / "report" / "records.jsonl").read_text().splitlines()]
+    forward = [r for r in records if r.get("mode") != "grad"]
+    assert len(forward) == 6
+    assert {r["grad_of"] for r in records if r.get("mode") == "grad"} == {"a", "b"}  # gradients: on by default
+    assert {r["verdict"] for r in records} <= {"equivalent", "out_of_domain"}
     assert not (tmp_path / "cases").exists() or not list((tmp_path / "cases").iterdir())
+
+
+@pytest.mark.parametrize(("flag", "status"), [((), 1), (("--no-grad",), 0)])
+def test_a_wrong_backward_fails_check_unless_no_grad(tmp_path, kernel_file, flag, status):
+    """Gradients are checked by default, for a user's kernel too; --no-grad skips them."""
+    proc = harness_check(tmp_path, "--family", "linear_scan", "--kernel",
+                         f"{kernel_file}:scan_backward_ignores_decay", *flag)
+    assert proc.returncode == status, _out(proc)
+    records = [json.loads(line) for line in (tmp_path / "report" / "records.jsonl").read_text().splitlines()]
+    forward = [r for r in records if r.get("mode") != "grad"]
+    assert forward and all(r["verdict"] == "equivalent" for r in forward)
+    grads = [r for r in records if r.get("mode") == "grad"]
+    if status:
+        assert "The gradient of" in proc.stdout and any(r["verdict"] == "divergent" for r in grads), _out(proc)
+    else:
+        assert not grads
 
 
 def test_exit_1_for_a_wrong_kernel(wrong_run):

@@ -33,10 +33,10 @@ def test_gradients_match_the_oracle(spec, harness_policy):
         pytest.skip(f"{spec.name} runs neither float64 nor float32 here")
     options = RunOptions(policy=harness_policy)
     lim = limits()
-    slow = spec.capabilities.slow  # an interpreted kernel: as few and as short cases as the output suite
+    slow = spec.capabilities.slow  # interpreted: the profile's few, short cases
 
-    @settings(max_examples=lim.slow_max_examples if slow else max(3, lim.max_examples // 3))
-    @given(problem=problems(spec, dtypes=dtypes, max_length=min(256, lim.slow_max_length) if slow else 256,
+    @settings(max_examples=min(3, lim.slow_max_examples) if slow else max(3, lim.max_examples // 3))
+    @given(problem=problems(spec, dtypes=dtypes, max_length=lim.slow_max_length if slow else 256,
                             regimes=("trained",)))
     def search(problem):
         for record in gradient_case(spec, problem, options):

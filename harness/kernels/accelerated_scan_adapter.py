@@ -9,8 +9,9 @@ each input (the package asserts contiguity, and the copy keeps any in-place work
   (``padded_T = 1`` gives ``level = 0`` and ``split`` cannot halve one element), so ``min_length=2``.
 - ``accelerated_scan.scalar``: ``accelerated_scan.scalar.scan``, a Triton kernel (``tl.associative_scan``
   over blocks of 2048 with a float32 carry between blocks), any length. On a machine without CUDA it runs
-  under the Triton interpreter (`harness.kernels.triton_interpreter`), where ``tl.associative_scan``
-  returns garbage (errors of 1e33..1e38, or NaN) in bfloat16: declared unsupported on the CPU.
+  under the Triton interpreter with its corrections (`harness.kernels.triton_interpreter`); without
+  ``bfloat16_via_float32`` its bfloat16 ``tl.associative_scan`` returned garbage (errors of 1e33..1e38, or
+  NaN), with it bfloat16 runs like float32 and float16.
 - ``accelerated_scan.warp``: ``accelerated_scan.warp.scan``, a CUDA C++ extension compiled with
   ``torch.utils.cpp_extension.load_inline`` *when the module is imported*; it needs CUDA, nvcc, and a
   power-of-two length from 32 to 65536. Its module is imported only after CUDA is confirmed.
@@ -50,6 +51,7 @@ def _load_ref() -> Callable:
 def _load_scalar() -> Callable:
     triton_interpreter.enable_interpreter(["accelerated_scan.scalar"])
     require_module("triton")
+    triton_interpreter.require_corrections()
     module = require_module("accelerated_scan.scalar", package=PACKAGE)
     triton_interpreter.require_interpreted("accelerated_scan")
     return _wrap(module.scan, "scalar")
@@ -61,14 +63,8 @@ def _load_warp() -> Callable:
 
 
 def _scalar_unsupported() -> dict[str, str]:
-    unsupported = {
-        "bfloat16@cpu": "Triton interpreter: tl.associative_scan gives garbage (errors up to 1e38) or NaN in "
-                        "bfloat16",
-    }
     cpu = triton_interpreter.cpu_unavailable_reason()
-    if cpu:
-        unsupported["cpu"] = cpu
-    return unsupported
+    return {"cpu": cpu} if cpu else {}
 
 
 KERNELS: list[KernelSpec] = [

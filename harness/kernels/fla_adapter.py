@@ -1,47 +1,58 @@
-"""Adapters for flash-linear-attention's retention kernels (``pip install fla-core``).
+"""Adapters for flash-linear-attention's retention and linear-attention kernels (``pip install fla-core``).
 
 Source: https://github.com/fla-org/flash-linear-attention.
 
 fla-core 0.6.0 takes q, k (B, T, H, K) and v (B, T, H, V), our layout exactly (``head_first`` is gone), and
 returns ``(o, final_state_or_attn)``. Its retention decays are RetNet's, ``log(1 - 2**(-5 - h))`` built in
-float32, and its default scale is ``K ** -0.5``: the RetNet convention. Kernels:
+float32, and its default scale is ``K ** -0.5``: the RetNet convention. Kernels (each a Triton forward and
+backward):
 
-- ``fla.parallel_retention``: ``fla.ops.retention.parallel_retention`` (``parallel_simple_gla`` with the
-  per-token log-decay ``g``; blocks of 128 queries x 32 keys, ``tl.dot``);
-- ``fla.fused_recurrent_retention``: ``fused_recurrent_retention`` (a loop over t, state in float32);
-- ``fla.chunk_retention``: ``chunk_retention`` (chunked, ``chunk_size`` a power of two, default 64);
-- ``fla.fused_chunk_retention``: ``fused_chunk_retention``;
-- ``fla.chunk_simple_gla``: ``fla.ops.simple_gla.chunk_simple_gla`` given the per-token, per-head log-decay
-  ``g = log(gamma_h)`` of shape (B, T, H) (the gated path: chunk-local cumulative sums of g), where
-  ``chunk_retention`` passes the data-independent ``g_gamma`` (H,) instead. The adapter builds g from the
-  declared (RetNet) convention in float64 and rounds it once to float32.
+- ``fla.parallel_retention``, ``fla.fused_recurrent_retention``, ``fla.chunk_retention`` (``chunk_size`` a
+  power of two, default 64), ``fla.fused_chunk_retention``: ``fla.ops.retention``;
+- ``fla.chunk_simple_gla``, ``fla.fused_recurrent_simple_gla``, ``fla.parallel_simple_gla``
+  (``fla.ops.simple_gla``): given the per-token, per-head log-decay ``g = log(gamma_h)`` of shape (B, T, H),
+  the gated path (chunk-local cumulative sums of g), where the retention entry points pass the
+  data-independent ``g_gamma`` (H,);
+- ``fla.chunk_gla``, ``fla.fused_chunk_gla``, ``fla.fused_recurrent_gla`` (``fla.ops.gla``): given a
+  per-key-channel log-decay ``g`` of shape (B, T, H, K), here the constant ``log(gamma_h)`` on every channel.
+  These serve the gated family once it exists; until then a constant decay makes them retention.
 
-The adapter hands fla fresh contiguous copies of q, k, v and returns o in the input dtype.
+The adapter builds every ``g`` from the declared (RetNet) convention in float64 and rounds it once to
+float32, hands fla fresh contiguous copies of q, k, v (differentiable: the gradient check drives fla's
+backward kernels through them) and returns o in the input dtype.
 
-On a machine without CUDA the kernels run under the Triton interpreter (see
-`harness.kernels.triton_interpreter`): ``load`` turns it on before importing fla, pins every fla autotuner
-to one config, and then runs the kernel once on a tiny case (1 x 16 x 1 x 16, float32), so that a kernel
-the interpreter cannot execute is reported unavailable with the error it raised. What was found with
-fla-core 0.6.0 and triton 3.9.0 (tests/test_adapters.py checks each claim against a float64 reference):
+TF32. fla's float32 ``tl.dot`` calls name no ``input_precision``, so on an sm_80+ GPU they run in TF32
+whatever torch's TF32 flags say (Triton's default). Every kernel with a ``tl.dot`` therefore declares
+``computes_in={"float32": "tf32_rz"}``: its float32 runs are held to the rounding of TF32 reached by
+truncation (`harness.dtypes`: Triton feeds float32 registers to the TF32 ``mma``, which ignores their low 13
+fraction bits), on CUDA and on the CPU, where the interpreter reproduces the GPU's TF32 products
+(`harness.kernels.triton_interpreter`, ``dot_float32_input_precision``). Each such kernel has a
+``<name>.ieee`` twin, float32 only, run with ``TRITON_F32_DEFAULT=ieee``
+(`triton_interpreter.dot_input_precision`) and held to float32: the pair tells how much of a kernel's
+float32 error on an H100 comes from TF32. The twins' gradients are not checked (``autograd=False``): fla's
+backward runs after the call returned, outside the precision setting.
 
-- ``chunk_retention``, ``fused_chunk_retention``, ``chunk_simple_gla``: unavailable under the interpreter:
-  ``chunk_fwd_kernel_h`` (fla/ops/common/chunk_h.py) calls ``i_t.to(tl.int64)`` on a loop variable, which
-  the interpreter leaves a plain Python int (``AttributeError: 'int' object has no attribute 'to'``).
-- ``parallel_retention``: bfloat16 output is garbage under the interpreter (``tl.dot`` in bfloat16; errors
-  around 1e10) and float64 output is NaN.
-- ``fused_recurrent_retention``: works in float32, float16 and bfloat16 under the interpreter.
+On a machine without CUDA the kernels run under the Triton interpreter with its corrections: ``load`` turns
+it on before importing fla, and then runs the kernel once on a tiny case (1 x 16 x 1 x 16, float32), so that
+a kernel that cannot run is reported unavailable with the error it raised. What was found with fla-core
+0.6.0 and triton 3.9.0 (tests/test_adapters.py checks each claim):
+
+- ``fused_chunk_gla`` raises ``NotImplementedError: `fused_chunk_gla` is deprecated`` in fla 0.6.0.
 - float64: fla's kernels accumulate in float32 by design (``tl.zeros(..., dtype=tl.float32)`` states,
   inputs cast ``.to(tl.float32)``); ``fused_recurrent_retention`` returns float64 tensors with float32
-  accuracy (max error ~1e-5 on a 32-step case). float64 is therefore declared unsupported for every fla
-  kernel, on every device, as a property of the package rather than a bug.
+  accuracy (max error ~1e-5 on a 32-step case). float64 is therefore declared unsupported for the others,
+  on every device, as a property of the package rather than a bug.
+- Without the interpreter corrections, ``chunk_*`` and ``fused_chunk_retention`` stop with ``'int' object
+  has no attribute 'to'`` and every bfloat16 ``tl.dot`` is garbage (errors around 1e10).
 """
 
 from __future__ import annotations
 
-import warnings
-
+import functools
 import math
 import traceback
+import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -55,16 +66,15 @@ __all__ = ["KERNELS"]
 PACKAGE = "fla-core"
 
 #: modules whose import decorates the kernels: they must come after TRITON_INTERPRET=1 on the CPU
-_KERNEL_MODULES = ("fla.ops", "fla.ops.retention", "fla.ops.simple_gla", "fla.ops.common", "fla.ops.utils")
+_KERNEL_MODULES = ("fla.ops", "fla.ops.retention", "fla.ops.simple_gla", "fla.ops.gla", "fla.ops.common",
+                   "fla.ops.utils")
 
 _FLOAT64 = ("fla's kernels compute in float32 by design (float32 states and accumulators, inputs cast "
             ".to(tl.float32)), so float64 is not a precision they offer")
-_FLOAT64_SEEN = {
-    "parallel": "; parallel_retention returns NaN for float64 under the Triton interpreter",
-    "recurrent": "; fused_recurrent_retention returns float64 tensors with float32 accuracy (error ~1e-5 vs "
-                 "float64 on a 32-step case)",
-}
-_DOT_BF16 = "Triton interpreter: tl.dot gives garbage in bfloat16 (errors around 1e10 on a 1x32x2x16 case)"
+_FLOAT64_RECURRENT = ("; fused_recurrent_retention returns float64 tensors with float32 accuracy (error ~1e-5 vs "
+                      "float64 on a 32-step case)")
+_TF32 = ("fla's float32 tl.dot calls name no input_precision, so they run in TF32 on sm_80+ GPUs whatever "
+         "torch's flags say (and in the interpreter, which reproduces it): held to truncated TF32's rounding")
 
 #: tl.dot needs every block dimension >= 16 when compiled for a GPU; the interpreter takes any size
 _DOT_HEAD_DIMS = None if triton_interpreter.runs_interpreted() else (16, 32, 64, 128)
@@ -75,6 +85,7 @@ def import_fla(module: str):
     """Import an fla module the way every fla kernel here must be: the interpreter on first (no GPU)."""
     triton_interpreter.enable_interpreter(_KERNEL_MODULES)
     require_module("triton")
+    triton_interpreter.require_corrections()
     with warnings.catch_warnings():
         # fla warns "Triton is not supported on current platform, roll back to CPU" on a CPU-only box:
         # expected here (the interpreter runs its kernels), and `harness list` says so already
@@ -102,132 +113,137 @@ def _where(exc: BaseException) -> str:
 
 
 def _probe(name: str, fn: Callable) -> None:
-    """Run ``fn`` once on a tiny float32 case under the interpreter; unavailable with the error if it raises."""
-    q = torch.linspace(-1, 1, 16).reshape(1, 16, 1, 1).expand(1, 16, 1, 16).contiguous()
+    """Run ``fn`` once on a tiny float32 case; unavailable with the error if it raises."""
+    device = "cpu" if _interpreted() or not torch.cuda.is_available() else "cuda"
+    q = torch.linspace(-1, 1, 16, device=device).reshape(1, 16, 1, 1).expand(1, 16, 1, 16).contiguous()
     try:
         fn(q, q.flip(1), q)
-    except Exception as exc:  # noqa: BLE001 - whatever the interpreter raises is the reason
-        reason = f"Triton interpreter cannot run {name}: {type(exc).__name__}: {exc}{_where(exc)}"
-        if "'int' object has no attribute" in str(exc):
-            reason += (" (a kernel loop variable that Triton compiles to a tensor is a plain Python int when "
-                       "interpreted)")
-        raise KernelUnavailable(reason) from None
+    except Exception as exc:  # noqa: BLE001 - whatever the package raises is the reason
+        where = "Triton interpreter cannot run" if _interpreted() else "fla cannot run"
+        raise KernelUnavailable(f"{where} {name}: {type(exc).__name__}: {exc}{_where(exc)}") from None
 
 
-def _finish(name: str, call: Callable, *, chunked: bool = False) -> Callable:
-    """Wrap ``call(q, k, v, **kw) -> o`` with the copies, the autotuner pinning and the probe."""
-    interpreted = _interpreted()
+def _log_gamma(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """RetNet's log-decay per head, float64 -> float32 once, broadcast to ``shape`` (heads on axis 2)."""
+    heads = q.shape[2]
+    log_gamma = torch.tensor([math.log(g) for g in retnet_gammas(heads)], dtype=torch.float64)
+    log_gamma = log_gamma.to(device=q.device, dtype=torch.float32)
+    view = (1, 1, heads) + (1,) * (len(shape) - 3)
+    return log_gamma.reshape(view).expand(shape).contiguous()
+
+
+def _wrap(name: str, call: Callable, *, chunked: bool, precision: str | None) -> Callable:
+    """``call(q, k, v, **kw) -> o`` with fresh copies, the dot precision, and the probe on load."""
 
     def fla_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-        if interpreted:
-            triton_interpreter.pin_autotuners("fla")  # also kernels of modules fla imported lazily
         qc, kc, vc = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-        return call(qc, kc, vc, **kwargs).to(q.dtype)
+        with triton_interpreter.dot_input_precision(precision):
+            return call(qc, kc, vc, **kwargs).to(q.dtype)
 
     fla_kernel.__name__ = name.split(".")[-1]
-    if interpreted:
-        triton_interpreter.pin_autotuners("fla")
-        _probe(name, (lambda q, k, v: fla_kernel(q, k, v, chunk_size=16)) if chunked else fla_kernel)
+    _probe(name, (lambda q, k, v: fla_kernel(q, k, v, chunk_size=16)) if chunked else fla_kernel)
     return fla_kernel
 
 
-def _load_parallel() -> Callable:
-    fn = import_fla("fla.ops.retention").parallel_retention
-    return _finish("fla.parallel_retention", lambda q, k, v: fn(q, k, v)[0])
+@dataclass(frozen=True)
+class _Entry:
+    """One fla entry point: where it lives and how our (q, k, v) become its arguments."""
+
+    name: str
+    module: str
+    attr: str
+    decay: str  # "none" (retention's own), "token" g (B, T, H), "channel" g (B, T, H, K), "gk" likewise
+    chunked: bool = False
+    dots: bool = True
+    notes: str = ""
+
+    def load(self, precision: str | None = None) -> Callable:
+        fn = getattr(import_fla(self.module), self.attr)
+        decay, chunked = self.decay, self.chunked
+
+        def call(q, k, v, **kwargs):
+            if decay == "token":
+                kwargs["g"] = _log_gamma(q, q.shape[:3])
+            elif decay == "channel":
+                kwargs["g"] = _log_gamma(q, q.shape)
+            elif decay == "gk":
+                kwargs["gk"] = _log_gamma(q, q.shape)
+            if not chunked:
+                kwargs.pop("chunk_size", None)
+            return fn(q=q, k=k, v=v, **kwargs)[0]
+
+        suffix = "" if precision is None else f".{precision}"
+        return _wrap(f"fla.{self.name}{suffix}", call, chunked=chunked, precision=precision)
 
 
-def _load_fused_recurrent() -> Callable:
-    fn = import_fla("fla.ops.retention").fused_recurrent_retention
-    return _finish("fla.fused_recurrent_retention", lambda q, k, v: fn(q, k, v)[0])
+_ENTRIES: tuple[_Entry, ...] = (
+    _Entry("parallel_retention", "fla.ops.retention", "parallel_retention", "none",
+           notes="parallel_simple_gla with per-token log-decay; 128x32 tl.dot blocks"),
+    _Entry("fused_recurrent_retention", "fla.ops.retention", "fused_recurrent_retention", "none", dots=False,
+           notes="one program per (batch, head, K/V block), loop over t, float32 state"),
+    _Entry("chunk_retention", "fla.ops.retention", "chunk_retention", "none", chunked=True,
+           notes="chunk_simple_gla with data-independent g_gamma"),
+    _Entry("fused_chunk_retention", "fla.ops.retention", "fused_chunk_retention", "none",
+           notes="fused_chunk_simple_gla with data-independent g_gamma"),
+    _Entry("chunk_simple_gla", "fla.ops.simple_gla", "chunk_simple_gla", "token", chunked=True,
+           notes="given g = log(gamma_h) per token and head (the gated path)"),
+    _Entry("fused_recurrent_simple_gla", "fla.ops.simple_gla", "fused_recurrent_simple_gla", "token", dots=False,
+           notes="given g = log(gamma_h) per token and head; loop over t"),
+    _Entry("parallel_simple_gla", "fla.ops.simple_gla", "parallel_simple_gla", "token",
+           notes="given g = log(gamma_h) per token and head"),
+    _Entry("chunk_gla", "fla.ops.gla", "chunk_gla", "channel",
+           notes="gated linear attention given g = log(gamma_h) on every key channel (constant decay)"),
+    _Entry("fused_chunk_gla", "fla.ops.gla", "fused_chunk_gla", "channel",
+           notes="gated linear attention given g = log(gamma_h) on every key channel (constant decay)"),
+    _Entry("fused_recurrent_gla", "fla.ops.gla", "fused_recurrent_gla", "gk", dots=False,
+           notes="gated linear attention given gk = log(gamma_h) on every key channel; loop over t"),
+)
 
 
-def _load_chunk() -> Callable:
-    fn = import_fla("fla.ops.retention").chunk_retention
-    return _finish("fla.chunk_retention", lambda q, k, v, *, chunk_size: fn(q, k, v, chunk_size=chunk_size)[0],
-                   chunked=True)
-
-
-def _load_fused_chunk() -> Callable:
-    fn = import_fla("fla.ops.retention").fused_chunk_retention
-    return _finish("fla.fused_chunk_retention", lambda q, k, v: fn(q, k, v)[0])
-
-
-def _load_chunk_simple_gla() -> Callable:
-    fn = import_fla("fla.ops.simple_gla").chunk_simple_gla
-
-    def call(q, k, v, *, chunk_size):
-        batch, length, heads, _ = q.shape
-        log_gamma = torch.tensor([math.log(g) for g in retnet_gammas(heads)], dtype=torch.float64)
-        g = log_gamma.to(device=q.device, dtype=torch.float32).expand(batch, length, heads).contiguous()
-        return fn(q, k, v, g=g, chunk_size=chunk_size)[0]
-
-    return _finish("fla.chunk_simple_gla", call, chunked=True)
-
-
-def _caps(*, dtypes=("float32", "float16", "bfloat16"), unsupported=None, chunked=False, dot=True,
-          float64_seen: str = "", float64_in_float32: bool = False, notes: str = "") -> Capabilities:
-    """``float64_in_float32``: the kernel runs float64 inputs but computes in float32 (declared, judged so)."""
-    unsup = {} if float64_in_float32 else {"float64": _FLOAT64 + float64_seen}
-    unsup.update(unsupported or {})
-    if float64_in_float32:
-        dtypes = ("float64",) + tuple(dtypes)
-        notes = f"float64: {_FLOAT64 + float64_seen}; {notes}"
+def _caps(entry: _Entry, *, ieee: bool = False) -> Capabilities:
+    recurrent_f64 = entry.name == "fused_recurrent_retention"
+    unsupported = {} if recurrent_f64 or ieee else {"float64": _FLOAT64}
     cpu = triton_interpreter.cpu_unavailable_reason()
     if cpu:
-        unsup["cpu"] = cpu
+        unsupported["cpu"] = cpu
+    dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
+    computes_in: dict[str, str] = {}
+    notes = entry.notes
+    if recurrent_f64:
+        dtypes = ("float64",) + dtypes
+        computes_in["float64"] = "float32"
+        notes = f"float64: {_FLOAT64 + _FLOAT64_RECURRENT}; {notes}"
+    if entry.dots and not ieee:
+        computes_in["float32"] = "tf32_rz"
+        notes = f"{notes}; float32: {_TF32}"
+    if ieee:
+        dtypes = ("float32",)
+        notes = f"{notes}; float32 tl.dot run with input_precision ieee (TRITON_F32_DEFAULT=ieee)"
     return Capabilities(
         dtypes=dtypes,
-        chunk_sizes=_CHUNK_SIZES if chunked else None,
-        head_dims=_DOT_HEAD_DIMS if dot else None,
-        autograd=False,  # fla has backward kernels; not checked under the interpreter here
-        unsupported=unsup,
+        chunk_sizes=_CHUNK_SIZES if entry.chunked else None,
+        head_dims=_DOT_HEAD_DIMS if entry.dots else None,
+        # fla's Triton backward kernels, checked by harness.gradients; not for the .ieee twins, whose backward
+        # runs after the call returned, outside the precision setting (so in TF32 like the default's)
+        autograd=not ieee,
+        unsupported=unsupported,
         slow=triton_interpreter.runs_interpreted(),
-        computes_in={"float64": "float32"} if float64_in_float32 else {},
+        computes_in=computes_in,
         notes=notes,
     )
 
 
-KERNELS: list[KernelSpec] = [
-    KernelSpec(
-        name="fla.parallel_retention",
+def _spec(entry: _Entry, *, ieee: bool = False) -> KernelSpec:
+    name = f"fla.{entry.name}" + (".ieee" if ieee else "")
+    precision = "ieee" if ieee else None
+    return KernelSpec(
+        name=name,
         family=Family.RETENTION,
-        load=_load_parallel,
-        capabilities=_caps(unsupported={"bfloat16@cpu": _DOT_BF16}, float64_seen=_FLOAT64_SEEN["parallel"],
-                           notes="parallel_simple_gla with per-token log-decay; 128x32 tl.dot blocks"),
-        description="fla.ops.retention.parallel_retention (Triton)",
+        load=functools.partial(entry.load, precision),
+        capabilities=_caps(entry, ieee=ieee),
+        description=f"{entry.module}.{entry.attr} (Triton)" + (" with float32 dots in ieee" if ieee else ""),
         source=PACKAGE,
-    ),
-    KernelSpec(
-        name="fla.fused_recurrent_retention",
-        family=Family.RETENTION,
-        load=_load_fused_recurrent,
-        capabilities=_caps(dot=False, float64_seen=_FLOAT64_SEEN["recurrent"], float64_in_float32=True,
-                           notes="one program per (batch, head, K/V block), loop over t, float32 state"),
-        description="fla.ops.retention.fused_recurrent_retention (Triton)",
-        source=PACKAGE,
-    ),
-    KernelSpec(
-        name="fla.chunk_retention",
-        family=Family.RETENTION,
-        load=_load_chunk,
-        capabilities=_caps(chunked=True, notes="chunk_simple_gla with data-independent g_gamma"),
-        description="fla.ops.retention.chunk_retention (Triton)",
-        source=PACKAGE,
-    ),
-    KernelSpec(
-        name="fla.fused_chunk_retention",
-        family=Family.RETENTION,
-        load=_load_fused_chunk,
-        capabilities=_caps(notes="fused_chunk_simple_gla with data-independent g_gamma"),
-        description="fla.ops.retention.fused_chunk_retention (Triton)",
-        source=PACKAGE,
-    ),
-    KernelSpec(
-        name="fla.chunk_simple_gla",
-        family=Family.RETENTION,
-        load=_load_chunk_simple_gla,
-        capabilities=_caps(chunked=True, notes="chunk_simple_gla given g = log(gamma_h) per token and head"),
-        description="fla.ops.simple_gla.chunk_simple_gla with RetNet's decay as per-token log-decay g (Triton)",
-        source=PACKAGE,
-    ),
-]
+    )
+
+
+KERNELS: list[KernelSpec] = [_spec(e) for e in _ENTRIES] + [_spec(e, ieee=True) for e in _ENTRIES if e.dots]

@@ -108,6 +108,9 @@ def resolve_target(target: str) -> Callable:
             f"kernel={target!r} is not a target; expected 'package.module:attr' or 'path/to/file.py:attr'"
         )
     where, _, attr = target.rpartition(":")
+    from harness.kernels.triton_interpreter import interpret_if_no_gpu
+
+    interpret_if_no_gpu()  # a user's Triton kernels run interpreted and corrected here, like the adapters'
     if where.endswith(".py") or "/" in where or Path(where).suffix == ".py":
         path = Path(where)
         if not path.is_file():

@@ -1,0 +1,333 @@
+"""The Triton interpreter corrections (`harness.kernels.triton_interpreter`), each against torch.
+
+Small ``@triton.jit`` programs run under the corrected interpreter and are compared with an independent
+torch computation on the CPU in the same precision (bfloat16 rounding by torch; TF32 by clearing the low
+13 fraction bits of float32 with integer ops). Each test also runs its program under `plain_interpreter`
+and shows the defect the correction removes, so that it would fail without it. Then: kernels that ran
+correctly before give bit-identical outputs with the corrections on; a Triton chunk kernel written here
+(tests/planted/triton_chunk.py) passes `harness.check` and its planted chunk-boundary bug is found in every
+dtype under the ci profile; and `harness check` runs a user's Triton kernel interpreted and corrected.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the Triton kernels run compiled")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+from harness.errors import KernelUnavailable  # noqa: E402
+from harness.kernels import triton_interpreter as ti  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="module")
+def corrected():
+    ti.enable_interpreter([])
+    if not ti.interpreter_enabled():
+        pytest.skip("the Triton interpreter is off in this session")
+    ti.apply_corrections()
+    assert ti.active_corrections() == [c.name for c in ti.CORRECTIONS]
+
+
+# ------------------------------------------------------------------------------------------ programs
+@triton.jit
+def _loop_sum(o_ptr, n):
+    acc = tl.zeros([1], dtype=tl.float32)
+    for i in range(n):
+        tl.static_assert(i.dtype == tl.int32)
+        acc += i.to(tl.int64).to(tl.float32)
+    tl.store(o_ptr + tl.arange(0, 1), acc)
+
+
+@triton.jit
+def _loop_wide(o_ptr, start):
+    for i in range(start, start + 1):
+        tl.static_assert(i.dtype == tl.int64)
+        tl.store(o_ptr + tl.arange(0, 1), (i - start).to(tl.float32) + 7.0)
+    for j in tl.static_range(2):
+        tl.static_assert(isinstance(j, int))
+
+
+@triton.jit
+def _bf16_ops(x_ptr, y_ptr, f_ptr, add_ptr, sub_ptr, mul_ptr, max_ptr, neg_ptr, div_ptr, lt_ptr, cast_ptr,
+              N: tl.constexpr):
+    r = tl.arange(0, N)
+    x = tl.load(x_ptr + r)
+    y = tl.load(y_ptr + r)
+    tl.store(add_ptr + r, x + y)
+    tl.store(sub_ptr + r, x - y)
+    tl.store(mul_ptr + r, x * y)
+    tl.store(max_ptr + r, tl.maximum(x, y))
+    tl.store(neg_ptr + r, -x)
+    tl.store(div_ptr + r, x / y)  # Triton divides bfloat16 in float32 (and returns float32)
+    tl.store(lt_ptr + r, (x < y).to(tl.int32))
+    tl.store(cast_ptr + r, tl.load(f_ptr + r).to(tl.bfloat16))
+
+
+@triton.jit
+def _bf16_reductions(x_ptr, sum_ptr, max_ptr, cumsum_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    x = tl.load(x_ptr + r)
+    tl.store(sum_ptr + tl.arange(0, 1), tl.sum(x, axis=0, keep_dims=True))
+    tl.store(max_ptr + tl.arange(0, 1), tl.max(x, axis=0, keep_dims=True))
+    tl.store(cumsum_ptr + r, tl.cumsum(x, axis=0))
+
+
+@triton.jit
+def _dot(a_ptr, b_ptr, o_ptr, M: tl.constexpr, PREC: tl.constexpr):
+    r = tl.arange(0, M)
+    a = tl.load(a_ptr + r[:, None] * M + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * M + r[None, :])
+    if PREC == "default":
+        out = tl.dot(a, b)
+    else:
+        out = tl.dot(a, b, input_precision=PREC)
+    tl.store(o_ptr + r[:, None] * M + r[None, :], out)
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def tf32_truncated(x: torch.Tensor) -> torch.Tensor:
+    """float32 with the low 13 fraction bits cleared, by integer ops in torch (independent of numpy)."""
+    return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+# ------------------------------------------------------------------------------------------ loops
+def test_loop_variable_is_an_int32_tensor():
+    out = torch.zeros(1)
+    _loop_sum[(1,)](out, 10)
+    assert out.item() == 45.0
+    with ti.plain_interpreter(), pytest.raises(Exception, match="has no attribute"):
+        _loop_sum[(1,)](out, 10)
+
+
+def test_loop_variable_widens_to_int64_and_static_range_stays_an_int():
+    out = torch.zeros(1)
+    _loop_wide[(1,)](out, 2**31 + 5)
+    assert out.item() == 7.0
+
+
+# ------------------------------------------------------------------------------------------ bfloat16
+def _bf16_inputs(n: int = 64):
+    g = _gen(1)
+    x = (torch.randn(n, generator=g) * 3).to(torch.bfloat16)
+    y = (torch.randn(n, generator=g) * 3).to(torch.bfloat16)
+    f = torch.randn(n, generator=g) * 1e3  # full float32 mantissas: the cast must round, not truncate
+    return x, y, f
+
+
+def _run_bf16_ops(x, y, f):
+    n = x.numel()
+    outs = {k: torch.empty(n, dtype=torch.bfloat16) for k in ("add", "sub", "mul", "max", "neg", "cast")}
+    outs["div"] = torch.empty(n, dtype=torch.float32)
+    outs["lt"] = torch.empty(n, dtype=torch.int32)
+    _bf16_ops[(1,)](x, y, f, outs["add"], outs["sub"], outs["mul"], outs["max"], outs["neg"], outs["div"],
+                    outs["lt"], outs["cast"], N=n)
+    return outs
+
+
+def test_bfloat16_elementwise_is_rounded_float32_arithmetic():
+    x, y, f = _bf16_inputs()
+    got = _run_bf16_ops(x, y, f)
+    want = {"add": x + y, "sub": x - y, "mul": x * y, "max": torch.maximum(x, y), "neg": -x,
+            "div": x.float() / y.float(), "lt": (x < y).int(), "cast": f.to(torch.bfloat16)}
+    for name, expected in want.items():
+        assert torch.equal(got[name], expected), name
+    with ti.plain_interpreter():
+        plain = _run_bf16_ops(x, y, f)
+    assert not torch.equal(plain["add"], want["add"])  # integer arithmetic on the bit patterns
+    assert not torch.equal(plain["cast"], want["cast"])  # truncation instead of rounding
+
+
+def test_bfloat16_reductions_and_cumsum():
+    g = _gen(2)
+    x = (torch.randint(-64, 64, (32,), generator=g).float() / 8).to(torch.bfloat16)  # exact float32 sums
+    s, m, c = torch.empty(1, dtype=torch.bfloat16), torch.empty(1, dtype=torch.bfloat16), torch.empty_like(x)
+    _bf16_reductions[(1,)](x, s, m, c, N=32)
+    assert torch.equal(s, x.float().sum().to(torch.bfloat16).reshape(1))
+    assert torch.equal(m, x.max().reshape(1))
+    assert torch.equal(c, x.float().cumsum(0).to(torch.bfloat16))
+    with ti.plain_interpreter():
+        _bf16_reductions[(1,)](x, s, m, c, N=32)
+    assert not torch.equal(c, x.float().cumsum(0).to(torch.bfloat16))
+
+
+def test_float32_to_bf16_rounds_to_nearest_even():
+    import numpy as np
+
+    values = np.array([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -(1 + 2**-8), 3.4e38, float("nan"),
+                       float("inf")], dtype=np.float32)
+    bits = ti.float32_to_bf16_bits(values)
+    expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert (bits[:-2] == expected[:-2]).all()
+    assert np.isnan(ti.bf16_bits_to_float32(bits[-2])) and np.isinf(ti.bf16_bits_to_float32(bits[-1]))
+
+
+# ------------------------------------------------------------------------------------------ dots
+def _exact_operands(dtype: torch.dtype, bits: int, m: int = 16):
+    """Values with ``bits`` significant bits: products and their sums are exact in float32."""
+    g = _gen(3)
+    scale = 2.0 ** -(bits - 1)
+    a = torch.randint(-(2**(bits - 1)) + 1, 2**(bits - 1), (m, m), generator=g).double() * scale
+    b = torch.randint(-(2**(bits - 1)) + 1, 2**(bits - 1), (m, m), generator=g).double() * scale
+    return a.to(dtype), b.to(dtype), a @ b
+
+
+@pytest.mark.parametrize(("dtype", "bits"), [(torch.bfloat16, 8), (torch.float16, 9)])
+def test_low_precision_dot_sums_exact_products_in_float32(dtype, bits):
+    a, b, exact = _exact_operands(dtype, bits)
+    out = torch.empty(16, 16, dtype=torch.float32)
+    _dot[(1,)](a, b, out, M=16, PREC="ieee")
+    assert torch.equal(out.double(), exact)  # exact products, exact float32 sums here
+    if dtype == torch.bfloat16:
+        with ti.plain_interpreter():
+            _dot[(1,)](a, b, out, M=16, PREC="ieee")
+        assert (out.double() - exact).abs().max() > 1e3  # bit patterns multiplied as integers
+
+
+@pytest.mark.parametrize("precision", ["tf32", "ieee", "default"])
+def test_float32_dot_honours_input_precision(precision):
+    g = _gen(4)
+    a, b = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    out = torch.empty(16, 16)
+    _dot[(1,)](a, b, out, M=16, PREC=precision)
+    full = a.double() @ b.double()
+    truncated = tf32_truncated(a).double() @ tf32_truncated(b).double()
+    as_tf32 = precision in ("tf32", "default")  # Triton's default on NVIDIA GPUs is tf32
+    want, other = (truncated, full) if as_tf32 else (full, truncated)
+    assert (out.double() - want).abs().max() < 1e-5
+    assert (out.double() - other).abs().max() > 1e-3
+    if as_tf32:
+        with ti.plain_interpreter():
+            _dot[(1,)](a, b, out, M=16, PREC=precision)
+        assert (out.double() - full).abs().max() < 1e-5  # the interpreter ignored input_precision
+
+
+def test_dot_input_precision_sets_the_default_and_restores_it():
+    g = _gen(5)
+    a, b = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    out = torch.empty(16, 16)
+    before = os.environ.get("TRITON_F32_DEFAULT")
+    with ti.dot_input_precision("ieee"):
+        _dot[(1,)](a, b, out, M=16, PREC="default")
+    assert (out.double() - a.double() @ b.double()).abs().max() < 1e-5
+    assert os.environ.get("TRITON_F32_DEFAULT") == before
+    with pytest.raises(Exception, match="precision='fp64'"):
+        with ti.dot_input_precision("fp64"):
+            pass
+
+
+# ------------------------------------------------------------------------------------------ the layer
+def test_untested_triton_version_makes_kernels_unavailable(monkeypatch):
+    monkeypatch.setattr(ti, "TESTED_TRITON_VERSIONS", ("0.0.0",))
+    reason = ti.corrections_unavailable_reason()
+    assert reason and triton.__version__ in reason and "0.0.0" in reason
+    with pytest.raises(KernelUnavailable, match="tested on triton 0.0.0"):
+        ti.require_corrections()
+
+
+def test_describe_names_the_corrections():
+    info = ti.describe()
+    assert info["interpreted"] and info["corrections"] == [c.name for c in ti.CORRECTIONS]
+
+
+# ------------------------------------------------------------------------------------------ bit-identical
+@pytest.mark.thirdparty
+@pytest.mark.parametrize(("name", "dtype"), [("fla.fused_recurrent_retention", "float32"),
+                                             ("fla.fused_recurrent_retention", "float16"),
+                                             ("fla.parallel_retention.ieee", "float32"),
+                                             ("fla.parallel_retention", "float16")])
+def test_kernels_that_ran_before_are_bit_identical(name, dtype):
+    from harness.kernels.registry import get
+
+    spec = get(name)
+    reason = spec.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    fn = spec.callable()
+    g = _gen(6)
+    dt = getattr(torch, dtype)
+    q, k, v = (torch.randn(1, 40, 2, 16, generator=g).to(dt) for _ in range(3))
+    corrected = fn(q, k, v)
+    ti.pin_autotuners("fla")  # per-kernel pins: autotuned kernels need them without the layer
+    with ti.plain_interpreter(keep=()):
+        plain = fn(q, k, v)
+    assert torch.equal(corrected.view(torch.int16 if dt == torch.float16 else torch.int32),
+                       plain.view(torch.int16 if dt == torch.float16 else torch.int32))
+
+
+# ------------------------------------------------------------------------------------------ planted bug
+def _chunk_spec(fn, computes_in=None):
+    from harness.api import user_kernel_spec
+    from harness.kernels.contract import Capabilities
+
+    caps = Capabilities(dtypes=("float32", "float16", "bfloat16"), chunk_sizes=(16, 32), slow=True,
+                        computes_in=computes_in or {})
+    return user_kernel_spec(fn, family="retention", capabilities=caps, name=fn.__name__)
+
+
+def test_the_triton_chunk_kernel_written_here_is_equivalent(tmp_path):
+    from harness.api import check
+    from tests.planted import triton_chunk
+
+    result = check(_chunk_spec(triton_chunk.chunk_retention), profile="ci", counterexample_dir=tmp_path)
+    assert result.passed, result.message
+    assert {r["dtype"] for r in result.records} == {"float32", "float16", "bfloat16"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_wrong_decay_exponent_at_the_chunk_boundary_is_found(tmp_path, dtype):
+    from harness.api import check
+    from tests.planted import triton_chunk
+
+    result = check(_chunk_spec(triton_chunk.chunk_retention_boundary_bug), profile="ci", dtypes=(dtype,),
+                   counterexample_dir=tmp_path)
+    assert not result.passed and result.failure["verdict"] == "divergent", result.records[-1]
+    assert result.failure["length"] > result.failure["chunk_size"]  # only a chunk boundary shows it
+
+
+def test_tf32_dots_are_found_in_float32_and_equivalent_when_declared(tmp_path):
+    """Default float32 dots (TF32 on a GPU) are divergent held to float32, equivalent at truncated TF32's.
+
+    Held to rounded TF32 (``"tf32"``, 2**-11, what cuBLAS does) a short case reaches about twice the bound:
+    Triton's TF32 truncates (``"tf32_rz"``, 2**-10).
+    """
+    from harness.api import check
+    from tests.planted import triton_chunk
+
+    held = check(_chunk_spec(triton_chunk.chunk_retention_tf32), profile="ci", dtypes=("float32",),
+                 max_examples=3, counterexample_dir=tmp_path)
+    assert not held.passed and held.failure["cond_max"] > 100
+    rounded = check(_chunk_spec(triton_chunk.chunk_retention_tf32, {"float32": "tf32"}), profile="ci",
+                    dtypes=("float32",), max_examples=3, counterexample_dir=tmp_path)
+    assert 1 < max(r["cond_max"] for r in rounded.records) < 4
+    declared = check(_chunk_spec(triton_chunk.chunk_retention_tf32, {"float32": "tf32_rz"}), profile="ci",
+                     dtypes=("float32",), counterexample_dir=tmp_path)
+    assert declared.passed, declared.message
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+def test_harness_check_runs_a_user_triton_kernel_interpreted_and_corrected(tmp_path):
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    target = f"{ROOT / 'tests' / 'planted' / 'triton_chunk.py'}:chunk_retention_boundary_bug"
+    proc = subprocess.run([sys.executable, "-m", "harness", "check", "--kernel", target, "--family", "retention",
+                           "--dtypes", "bfloat16", "--max-examples", "4", "--max-length", "48",
+                           "--report-dir", str(tmp_path / "run"), "--cases-dir", str(tmp_path / "cases")],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    header = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert header["triton_interpreter"]["corrections"] == [c.name for c in ti.CORRECTIONS]
