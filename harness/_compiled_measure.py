@@ -131,12 +131,7 @@ if numba is not None:
                     # harness.metrics.rounding_bound, the same operations in the same order
                     g = GRO[p, t, q]
                     first = (m * depth_room + g) * u
-                    if m > 0:
-                        r = first / m
-                    elif first == 0:
-                        r = 0.0
-                    else:
-                        return False
+                    r = first / m if m > 0 else 0.0
                     if not (r < precision_limit):  # out of the precision domain: the general code
                         return False
                     bound = first / (1.0 - r) + (m * room + g) * u_oracle + tiny

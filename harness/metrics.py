@@ -878,7 +878,8 @@ def rounding_bound(magnitude: torch.Tensor, growth: torch.Tensor, *, u: float, d
 
     ``S = growth + (depth + room) * magnitude`` counts the roundings (module docstring); the first-order
     bound ``u S`` is made valid to the end by Higham's gamma form ``u S / (1 - r)`` with ``r = u S /
-    magnitude``, and the float64 oracle's own rounding ``ORACLE_ROUNDOFF * (growth + room * magnitude)``
+    magnitude`` (0 where the magnitude is 0: a trace without one, such as a gradient's normwise bound,
+    has no precision domain), and the float64 oracle's own rounding ``ORACLE_ROUNDOFF * (growth + room * magnitude)``
     and the floor ``tiny`` are added. Where ``r >= PRECISION_LIMIT`` the valid bound reaches the magnitude
     (no digit is guaranteed); the bound returned there is ``2 u S`` (finite, for the range tests only:
     those elements are not compared). The compiled pass (`harness._compiled_measure`) does the same
@@ -886,7 +887,7 @@ def rounding_bound(magnitude: torch.Tensor, growth: torch.Tensor, *, u: float, d
     """
     s = magnitude * float(depth + room) + growth
     first = s * u
-    r = torch.where(magnitude > 0, first / magnitude, torch.where(first == 0, 0.0, math.inf))
+    r = torch.where(magnitude > 0, first / magnitude, 0.0)
     bound = first / torch.clamp(1.0 - r, min=1.0 - PRECISION_LIMIT) + (magnitude * float(room) + growth) * ORACLE_ROUNDOFF + tiny
     return bound, r
 
