@@ -100,7 +100,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     if shrink_deadline_s is not None and not shrink_deadline_s >= 0:
         raise InvalidArgument(f"shrink_deadline_s={shrink_deadline_s!r} must be a number >= 0 or None (no deadline)")
     first_failure: list[float] = []  # when the first failure was seen: the shrink phase starts there
-    failures: dict[str, tuple[dict[str, Any], Path | None, str]] = {}  # problem key -> what it gave
+    failures: dict[str, dict[str, Any]] = {}  # problem key -> its failing record
 
     @settings(settings.get_profile(profile), max_examples=examples)
     @given(problems(spec, dtypes=dtypes, device=device, max_length=max_length, profile=profile))
@@ -123,15 +123,17 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
                 return
             if not first_failure:
                 first_failure.append(time.monotonic())
-            counterexample = None
-            if save_counterexample:
-                counterexample = _save(record, problem, directory=counterexample_dir,
-                                       kernel_target=fn if isinstance(fn, str) else None)
-            replay = f"harness replay {counterexample}" if counterexample else record["replay"]
-            failures[key] = (record, counterexample, format_failure(record, judge(record, options.policy),
-                                                                    replay=replay))
-        # one raise for every failure (hypothesis tells failures apart by where they are raised)
-        result.failure, result.counterexample, message = failures[key]
+            failures[key] = record
+        # one raise for every failure (hypothesis tells failures apart by where they are raised); the
+        # counterexample file is (re)written each time, so it holds the case hypothesis ends with
+        record = failures[key]
+        counterexample = None
+        if save_counterexample:
+            counterexample = _save(record, problem, directory=counterexample_dir,
+                                   kernel_target=fn if isinstance(fn, str) else None)
+        replay = f"harness replay {counterexample}" if counterexample else record["replay"]
+        message = format_failure(record, judge(record, options.policy), replay=replay)
+        result.failure, result.counterexample = record, counterexample
         raise DivergenceError(message)
 
     try:

@@ -333,7 +333,8 @@ def per_family_regime(rows: list[dict], dtypes: tuple[str, ...]) -> list[dict]:
                     continue
                 ood = [r for r in good if r["verdict"] == "out_of_domain"]
                 out.append({"family": family, "dtype": dtype, "regime": regime, "correct runs": len(good),
-                            "false alarms": sum(r["verdict"] in FAILING for r in good),
+                            "divergent": sum(r["verdict"] == "divergent" for r in good),
+                            "kernel_error": sum(r["verdict"] == "kernel_error" for r in good),
                             "out_of_domain": f"{len(ood)} ({_pct(len(ood), len(good))})",
                             "of them precision_exhausted": sum(r.get("cause") == "precision_exhausted" for r in ood),
                             "max cond_max": max(_finite(r["cond_max"] for r in good), default=math.nan)})
@@ -349,7 +350,8 @@ def per_kernel(rows: list[dict]) -> list[dict]:
             if not good:
                 continue
             out.append({"kernel": name, "dtype": dtype, "runs": len(good),
-                        "false alarms": sum(r["verdict"] in FAILING for r in good),
+                        "divergent": sum(r["verdict"] == "divergent" for r in good),
+                        "kernel_error": sum(r["verdict"] == "kernel_error" for r in good),
                         "out_of_domain": sum(r["verdict"] == "out_of_domain" for r in good),
                         "precision_loss (divergent)": sum(r.get("cause") == "precision_loss" for r in good),
                         "max cond_max": max(_finite(r["cond_max"] for r in good), default=math.nan)})
