@@ -179,8 +179,10 @@ def kernels(third_party: bool = False, planted_bugs: bool = True):
 def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_path: Path | None,
         progress: bool, *, third_party: bool = False, planted_bugs: bool = True, max_seconds: float | None = None,
         families: tuple[str, ...] | None = None) -> list[dict]:
-    """Run ``cases`` problems per (dtype, family), round-robin over both so that a time limit
-    (``max_seconds``, checked between problems) leaves every (dtype, family) with its share."""
+    """Run ``cases`` problems per (dtype, family). Without a time limit the problems are drawn dtype by
+    dtype and family by family (the order of the committed tables, so a rerun with the same seed draws
+    the same problems); with one (``max_seconds``, checked between problems) round-robin over both, so
+    that every (dtype, family) gets its share."""
     from harness.kernels.contract import Family
     from harness.problems import REGIMES
     from harness.runner import RunOptions, run_case
@@ -194,12 +196,16 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
     fams = [f for f in Family if families is None or f.value in families]
     try:
         with cached_oracles():
-            for i in range(cases):
+            if max_seconds is None:
+                order = [[(i, d, f)] for d in dtypes for f in fams for i in range(cases)]
+            else:
+                order = [[(i, d, f) for d in dtypes for f in fams] for i in range(cases)]
+            for step, batch in enumerate(order):
                 if max_seconds is not None and time.perf_counter() - start > max_seconds:
                     if progress:
-                        print(f"  time limit: stopped after {i} problems per (dtype, family)", file=sys.stderr)
+                        print(f"  time limit: stopped after {step} problems per (dtype, family)", file=sys.stderr)
                     break
-                for dtype, family in ((d, f) for d in dtypes for f in fams):
+                for i, dtype, family in batch:
                     regimes = REGIMES[family]
                     fam_kernels = [(s, b) for s, b in correct + planted if s.family is family
                                    and s.capabilities.runs(dtype, "cpu") is None]
@@ -224,8 +230,8 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                                 fh.write(json.dumps(dict(row, problem_fields=problem.to_dict()), default=str) + "\n")
                             row["record"] = rec  # the full record, to re-judge under other policies
                             out.append(row)
-                if progress and (i + 1) % max(1, cases // 20) == 0:
-                    print(f"  {i + 1} of {cases} problems per (dtype, family), {len(out)} runs, "
+                if progress and (step + 1) % max(1, len(order) // 20) == 0:
+                    print(f"  {step + 1} of {len(order)} steps, {len(out)} runs, "
                           f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     finally:
         if fh:
@@ -501,7 +507,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(args.cases, args.seed, args.profile, dtypes, Path(args.records) if args.records else None,
                progress=not args.quiet, third_party=args.third_party, planted_bugs=not args.no_planted,
                max_seconds=args.max_seconds, families=families)
-    command = " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--records"))
+    given = list(argv if argv is not None else sys.argv[1:])
+    for flag in ("--records", "--out"):  # where this run wrote things is not part of what it measured
+        if flag in given:
+            i = given.index(flag)
+            del given[i:i + 2]
+    command = " ".join(a for a in given if not a.startswith(("--records=", "--out=")))
     block = markdown(rows, dtypes, cases=args.cases, seed=args.seed, profile=args.profile,
                      seconds=time.perf_counter() - start, command=command)
     if args.print:
