@@ -51,15 +51,17 @@ FAILING = ("divergent", "kernel_error")
 
 
 # ------------------------------------------------------------------------------------------ problems
-def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked: bool, profile: str):
-    """One problem of ``family`` in ``regime`` and ``dtype``, over `harness.strategies.problems`' ranges."""
+def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked: bool, profile: str,
+                 max_length: int | None = None):
+    """One problem of ``family`` in ``regime`` and ``dtype``, over `harness.strategies.problems`' ranges
+    (lengths up to ``max_length`` when given, else the profile's)."""
     from harness.kernels.contract import Family
     from harness.problems import Problem
     from harness.settings import limits
     from harness.strategies import EPS_ZERO_AND_RANGE, SPECIAL_LENGTHS
 
     lim = limits(profile)
-    top = lim.max_length
+    top = min(lim.max_length, max_length or lim.max_length)
     if rng.random() < 0.5:
         length = rng.choice([n for n in SPECIAL_LENGTHS if n <= top])
     else:
@@ -178,7 +180,7 @@ def kernels(third_party: bool = False, planted_bugs: bool = True):
 
 def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_path: Path | None,
         progress: bool, *, third_party: bool = False, planted_bugs: bool = True, max_seconds: float | None = None,
-        families: tuple[str, ...] | None = None) -> list[dict]:
+        families: tuple[str, ...] | None = None, max_length: int | None = None) -> list[dict]:
     """Run ``cases`` problems per (dtype, family). Without a time limit the problems are drawn dtype by
     dtype and family by family (the order of the committed tables, so a rerun with the same seed draws
     the same problems); with one (``max_seconds``, checked between problems) round-robin over both, so
@@ -211,7 +213,8 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                                    and s.capabilities.runs(dtype, "cpu") is None]
                     if True:
                         regime = regimes[i % len(regimes)]
-                        base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile)
+                        base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile,
+                                            max_length=max_length)
                         for spec, bug in fam_kernels:
                             problem = base if spec.capabilities.takes_chunk else base.replace(chunk_size=None)
                             problem = _fit(problem, spec)
@@ -492,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also the available third-party kernels (not the interpreted Triton ones)")
     parser.add_argument("--no-planted", action="store_true", help="correct kernels only")
     parser.add_argument("--families", default=None, help="comma-separated families (default: all)")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="cap the drawn lengths below the profile's (parallel retention forms hold L x L "
+                             "matrices: 8.6 GB per head in float64 at L=32768)")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="stop drawing problems after this long; the table says how many were run")
     args = parser.parse_args(argv)
@@ -506,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     families = tuple(args.families.split(",")) if args.families else None
     rows = run(args.cases, args.seed, args.profile, dtypes, Path(args.records) if args.records else None,
                progress=not args.quiet, third_party=args.third_party, planted_bugs=not args.no_planted,
-               max_seconds=args.max_seconds, families=families)
+               max_seconds=args.max_seconds, families=families, max_length=args.max_length)
     given = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--records", "--out"):  # where this run wrote things is not part of what it measured
         if flag in given:
