@@ -13,7 +13,10 @@ The condition-normalized error (the one number the verdict thresholds)
 ----------------------------------------------------------------------
 For every output element::
 
-    cond = |x - out| / (u * (growth + depth * magnitude) + tiny_floor)
+    cond = |x - out| / bound,   bound = u S / (1 - r) + 2**-53 (growth + room * magnitude) + tiny_floor,
+    S = growth + (depth + room) * magnitude,   r = u S / magnitude
+
+(`rounding_bound`, the one definition; the first-order terms are explained here, the rest below.)
 
 - ``u`` is the unit roundoff of the kernel's dtype (`harness.dtypes`; TF32's when ``tf32=True``).
 - ``growth`` (from the trace) bounds what the plain sequential loop in that dtype may err: a loop
@@ -27,6 +30,13 @@ For every output element::
   ``depth >= 1``.
 - ``tiny_floor`` is the dtype's smallest normal number, so that differences at underflow level
   (subnormal noise, values that flush to zero) are not charged.
+
+- ``room`` (``function_room``): last-place errors of the elementwise functions of a step (exp, softplus,
+  silu, powers, roots), in units of ``u * magnitude`` (`harness.problems.Problem.function_room`).
+- ``1 / (1 - r)``: Higham's ``gamma_n = n u / (1 - n u)`` with ``n u = r``: the first-order bound made
+  valid to the end (the worst case grows like ``(1 + u)**n - 1``, not ``n u``).
+- ``2**-53 (growth + room * magnitude)``: the float64 oracle's own rounding (`ORACLE_ROUNDOFF`); it
+  matters only for float64 kernels, which may err by as much in the other direction.
 
 ``cond <= 1`` means "within the a-priori bound"; the bound is pessimistic (it adds worst cases), so a
 correct kernel sits well below 1. The same threshold means the same for float32 at L=64 and bfloat16 at
@@ -46,7 +56,10 @@ with ``M = max_finite / (1 + depth * u)`` (a margin of the tree's rounding below
 that a state within rounding of the maximum is not held against a kernel). The peaks are running maxima,
 so the state condition excludes a suffix of each row; the output condition excludes single elements.
 A kernel that gives Inf where the oracle plus ``cond_threshold`` times the bound exceeds the maximum is
-also counted out of domain (the bound admits that overflow). Elements out of domain are not compared.
+also counted out of domain (the bound admits that overflow). Next to the range, the precision domain:
+an element whose valid bound reaches its magnitude (``r >= PRECISION_LIMIT``) carries no guaranteed
+digit and is out of domain too (``n_precision_exhausted``, ``precision_onset_t``; a kernel NaN/Inf there
+is no finding). Elements out of domain are not compared, against the oracle or the baseline.
 
 Non-finite values are classified before any number is compared (numpy.testing's order), see
 `NONFINITE_CLASSES`.
