@@ -56,7 +56,9 @@ with ``M = max_finite / (1 + depth * u)`` (a margin of the tree's rounding below
 that a state within rounding of the maximum is not held against a kernel). The peaks are running maxima,
 so the state condition excludes a suffix of each row; the output condition excludes single elements.
 A kernel that gives Inf where the oracle plus ``cond_threshold`` times the bound exceeds the maximum is
-also counted out of domain (the bound admits that overflow). Next to the range, the precision domain:
+also counted out of domain (the bound admits that overflow), and so is one that is NaN/Inf where the
+same-dtype sequential loop (the baseline) is NaN/Inf too: an intermediate of a correct algorithm left
+the range there (``domain_cause = "loop_nonfinite"``). Next to the range, the precision domain:
 an element whose valid bound reaches its magnitude (``r >= PRECISION_LIMIT``) carries no guaranteed
 digit and is out of domain too (``n_precision_exhausted``, ``precision_onset_t``; a kernel NaN/Inf there
 is no finding). Elements out of domain are not compared, against the oracle or the baseline.
@@ -197,7 +199,7 @@ class Divergence:
     n_expected_underflow: int = 0
     domain_onset_t: int | None = None  # first t with any element out of domain
     domain_cause: str = "none"  # "state", "decay", "output", "near_overflow", "oracle_nonfinite",
-    # "precision_exhausted"
+    # "precision_exhausted", "loop_nonfinite" (the kernel and the same-dtype loop are both NaN/Inf)
     state_peak_max: float = math.nan
     decay_peak_max: float = math.nan
     # -- the same-dtype sequential baseline -------------------------------------------------------
@@ -640,6 +642,10 @@ def measure(
                 # the rounding bound is at least the value itself (no significant digit is guaranteed:
                 # e.g. a norm whose input a correct loop may round to all zeros, giving 0/0)
                 near = knf & dom & ((ao + thr * bound > info.max_finite) | (bound - tiny >= ao))
+                if B is not None:
+                    # nor where the plain loop in the same dtype is non-finite too: an intermediate of a
+                    # correct algorithm (a partial sum, a drive term) leaves the dtype's range there
+                    near |= knf & dom & ~torch.isfinite(B[r0:r1])
                 dom = dom & ~near
                 bad = knf & dom
                 compared = dom & xf
@@ -837,7 +843,7 @@ def measure(
         klass = "none"
     onset = _first_true(ood_t)
     range_cause = "none" if onset is None else _domain_cause(
-        onset, T_out, T_gro, T_mag, T_sp, T_dp, X, limit, u, depth, room, tiny, thr, info)
+        onset, T_out, T_gro, T_mag, T_sp, T_dp, X, B, limit, u, depth, room, tiny, thr, info)
     if range_cause == "none" and n_exhausted:
         range_cause = "precision_exhausted"
     fields.update(
@@ -920,6 +926,7 @@ def _domain_cause(
     sp: torch.Tensor,
     dp: torch.Tensor,
     x: torch.Tensor,
+    base: torch.Tensor | None,
     limit: float,
     u: float,
     depth: int,
@@ -947,6 +954,8 @@ def _domain_cause(
         ("oracle_nonfinite", oracle),
         ("precision_exhausted", ~(rel < PRECISION_LIMIT)),
         ("near_overflow", near),
+        ("loop_nonfinite", ~torch.isfinite(xc) & (torch.zeros_like(state) if base is None
+                                                  else ~torch.isfinite(base[:, onset]))),
     ):
         if bool(mask.any()):
             return name

@@ -374,6 +374,8 @@ def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> st
         "output": f"the exact output exceeds {name} max ({max_finite:.3g})",
         "near_overflow": f"the output is within the error bound of {name} max ({max_finite:.3g}) and the kernel overflows",
         "oracle_nonfinite": "the oracle's output or error bound is not finite",
+        "loop_nonfinite": (f"the kernel is NaN/Inf where the plain {name} sequential loop is NaN/Inf too (an "
+                           f"intermediate of a correct algorithm leaves {name}'s range)"),
     }.get(rec.domain_cause)
     where = f" from t={t}" if t is not None else ""
     rows = f" in {rec.n_rows_out_of_domain} of {rec.n_rows} rows" if rec.n_rows else ""
@@ -384,6 +386,8 @@ def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> st
         return (f"{ranged} element(s){where}{rows} have a rounding bound at least as large as "
                 f"the value itself in {name} (no significant digit is guaranteed; the kernel is non-finite "
                 "there, as a correct loop can be, e.g. a norm of a row rounded to zeros)")
+    if rec.domain_cause == "loop_nonfinite":
+        return f"{what}{where}{rows}"
     return f"{what}{where}{rows}, the inputs overflow the dtype even in exact arithmetic"
 
 

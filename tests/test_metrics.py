@@ -565,3 +565,17 @@ def test_retention_layout_with_one_batch_flattens_to_a_strided_view():
     d = measure(x, make_trace(out), dtype="float64", length_axis=1, baseline=out.clone())
     assert d.worst_index == (0, 2, 1, 0) and d.max_abs == 1.0 and d.n_compared == 24
     assert d.n_mismatch == 1 and d.baseline_cond_max == 0.0
+
+
+def test_nan_where_the_same_dtype_loop_is_nan_too_is_not_a_kernel_finding():
+    # the oracle is finite and in range, but a correct plain loop in the dtype is non-finite there too (an
+    # intermediate left the range): the kernel's NaN there is the dtype's limit, not its bug
+    out = t64([[[1.0, 2.0, 4.0]]])
+    x = torch.tensor([[[1.0, math.nan, 4.0]]], dtype=torch.float32)
+    loop = torch.tensor([[[1.0, math.inf, 4.0]]], dtype=torch.float32)
+    d = measure(x, make_trace(out), dtype="float32", baseline=loop)
+    assert d.n_kernel_nonfinite == 1 and d.n_kernel_nonfinite_in_domain == 0
+    assert d.n_out_of_domain == 1 and d.domain_cause == "loop_nonfinite"
+    # with a finite loop at that element the same NaN is the kernel's finding
+    d2 = measure(x, make_trace(out), dtype="float32", baseline=out.to(torch.float32))
+    assert d2.n_kernel_nonfinite_in_domain == 1 and d2.nonfinite_class == "kernel_nonfinite"
