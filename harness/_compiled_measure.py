@@ -4,7 +4,7 @@ Most cases are entirely in the dtype's range: every element is in domain, the ke
 and every sum of squares is safe. For those, `measure`'s chunked torch code makes some twenty
 elementwise passes over the output, the trace and the baseline; `fast_pass` makes one, reading each
 array once in its memory order, and fills the same accumulators. When anything is out of the ordinary
-(a non-finite value, an element out of domain, sums that need rescaling) it gives up and returns None,
+(a non-finite value, an element out of the range or the precision domain, sums that need rescaling) it gives up and returns None,
 and `measure` runs its general torch code, which handles every case. The two give the same numbers:
 the counts, maxima, positions, quantiles and per-position maxima exactly (the same IEEE operations
 on the same values, in float64, without fastmath, so without fused multiply-adds), and the norm-based
@@ -87,9 +87,9 @@ if numba is not None:
     _jit = numba.njit(cache=True, fastmath=False, nogil=True)
 
     @_jit
-    def _pass_kernel(O, X, XB, RB, ref_f32, MAG, GRO, SP, DP, BL, has_b, depth, u, tiny, thr, limit, max_finite,
-                     sub_half, top, cond_vals, ulp_hist, ulp_big, per_t_cond, per_t_abs, mismatch_t,
-                     stats):  # pragma: no cover
+    def _pass_kernel(O, X, XB, RB, ref_f32, MAG, GRO, SP, DP, BL, has_b, depth_room, room, u, u_oracle,
+                     precision_limit, tiny, thr, limit, max_finite, sub_half, top, cond_vals, ulp_hist, ulp_big,
+                     per_t_cond, per_t_abs, mismatch_t, stats):  # pragma: no cover
         # Every array is (P, L, Q): the output with the axes before the length merged into P and those
         # after it into Q, walked in that (memory) order; element (p, t, q) is row r = p Q + q of
         # `measure`'s (rows, L) view. Returns False as soon as an element needs the general code.
@@ -128,7 +128,13 @@ if numba is not None:
                         return False
                     o = O[p, t, q]
                     x = np.float64(X[p, t, q])  # (a float32 x * x would round in float32)
-                    bound = (m * depth + GRO[p, t, q]) * u + tiny
+                    # harness.metrics.rounding_bound, the same operations in the same order
+                    g = GRO[p, t, q]
+                    first = (m * depth_room + g) * u
+                    r = first / m if m > 0 else 0.0
+                    if not (r < precision_limit):  # out of the precision domain: the general code
+                        return False
+                    bound = first / (1.0 - r) + (m * room + g) * u_oracle + tiny
                     d = abs(x - o)
                     ao = abs(o)
                     if not (bound < np.inf and d < np.inf):
@@ -289,13 +295,16 @@ def _grid_bits(t: torch.Tensor, grid: torch.dtype) -> np.ndarray:
 
 
 def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Tensor, SP: torch.Tensor,
-              DP: torch.Tensor, BL: torch.Tensor | None, *, grid: torch.dtype, depth: int, u: float,
-              tiny: float, thr: float, limit: float, max_finite: float, sub_half: float,
+              DP: torch.Tensor, BL: torch.Tensor | None, *, grid: torch.dtype, depth: int, room: float, u: float,
+              u_oracle: float, precision_limit: float, tiny: float, thr: float, limit: float, max_finite: float,
+              sub_half: float,
               cond_vals: np.ndarray, ulp_vals: np.ndarray, per_t_cond: torch.Tensor,
               per_t_abs: torch.Tensor, mismatch_t: torch.Tensor) -> FastSums | None:
     """`measure`'s accumulators in one pass, or None where its general code must run.
 
-    Every tensor is a (P, L, Q) view of the output's layout (see `_pass_kernel`). O, MAG, GRO, SP, DP:
+    Every tensor is a (P, L, Q) view of the output's layout (see `_pass_kernel`). The bound is
+    `harness.metrics.rounding_bound`'s (``depth``, ``room``, ``u``, ``u_oracle``, ``tiny``); an element
+    outside the precision domain (``r >= precision_limit``) sends the case to the general code. O, MAG, GRO, SP, DP:
     the float64 trace; X: the kernel output in the case's dtype ``grid``; BL: the baseline or None.
     Fills ``cond_vals`` (every element), ``ulp_vals`` (the ULP distances of `_ULP_BINS` or more; the
     others are counted in `FastSums.ulp_hist`) and the per-position tensors (also when it gives up).
@@ -324,7 +333,8 @@ def fast_pass(O: torch.Tensor, X: torch.Tensor, MAG: torch.Tensor, GRO: torch.Te
     ref_bits = _grid_bits(O[:1, :1, :1] if ref_f32 else O, grid)
     ok = _pass_kernel(O.numpy(), x_wide.numpy(), _grid_bits(X, grid), ref_bits, ref_f32,
                       *(t.numpy() for t in (MAG, GRO, SP, DP)), BL.contiguous().numpy(), has_b,
-                      float(depth), u, tiny, thr, limit, max_finite, sub_half, top, cond_vals, ulp_hist, ulp_vals,
+                      float(depth + room), float(room), u, u_oracle, precision_limit, tiny, thr, limit, max_finite,
+                      sub_half, top, cond_vals, ulp_hist, ulp_vals,
                       per_t_cond.numpy(), per_t_abs.numpy(), mismatch_t.numpy(), stats)
     if not ok:
         return None

@@ -18,6 +18,12 @@ from harness.kernels.contract import ALL_DTYPES, Capabilities, Family, KernelSpe
 #: Verdicts that fail a check; out_of_domain is a finding about the inputs, not the kernel.
 FAILING_VERDICTS = frozenset({"divergent", "kernel_error"})
 
+#: Seconds the shrink phase may take after the first failure (hypothesis's own limit is 300 s per
+#: shrink, and a nightly case of L=8192 spent more than five minutes there). Past it, failures seen
+#: before replay and every new example passes at once, so hypothesis ends with the smallest failing case
+#: found so far, which `check` reports (``CheckResult.shrink_stopped``).
+SHRINK_DEADLINE_S: float = 120.0
+
 
 def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | str | None,
                      name: str | None = None, capabilities: Capabilities | None = None) -> KernelSpec:
@@ -46,6 +52,7 @@ class CheckResult:
     failure: dict[str, Any] | None = None
     counterexample: Path | None = None
     message: str | None = None
+    shrink_stopped: bool = False  # the shrink deadline ended shrinking: ``failure`` is the best so far
 
     @property
     def passed(self) -> bool:
@@ -59,14 +66,19 @@ class CheckResult:
 def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = None, profile: str | None = None,
           dtypes: tuple[str, ...] | None = None, device: str = "cpu", max_length: int | None = None,
           max_examples: int | None = None, policy=None, store=None, counterexample_dir: Path | None = None,
-          save_counterexample: bool = True, check_determinism: bool = True, grad: bool = True) -> CheckResult:
+          save_counterexample: bool = True, check_determinism: bool = True, grad: bool = True,
+          shrink_deadline_s: float | None = SHRINK_DEADLINE_S) -> CheckResult:
     """Run the property-based search on one kernel; never raises for what the kernel does.
 
     ``grad``: also check, for each case whose forward is equivalent, the gradient of every differentiable
     input against float64 autograd through the oracle (`harness.gradients`), when the kernel's output is
     differentiable (a user's kernel is tried; a registered one follows its ``autograd`` declaration). The
     forward and each input's gradient are separate records (kernel ``<name>:grad[<input>]``).
+    ``shrink_deadline_s`` bounds the time spent shrinking after the first failure (None: hypothesis's
+    own limits only); see `SHRINK_DEADLINE_S`.
     """
+    import time
+
     from hypothesis import given, settings, target as hyp_target
 
     from harness.cases import save_counterexample as _save_case
@@ -93,34 +105,57 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     examples = max_examples or (lim.slow_max_examples if slow else lim.max_examples)
     if max_length is None and slow:
         max_length = lim.slow_max_length
+    if shrink_deadline_s is not None and not shrink_deadline_s >= 0:
+        raise InvalidArgument(f"shrink_deadline_s={shrink_deadline_s!r} must be a number >= 0 or None (no deadline)")
+    first_failure: list[float] = []  # when the first failure was seen: the shrink phase starts there
+    failures: dict[str, dict[str, Any]] = {}  # problem key -> its failing record
 
     run_case = _with_gradients(_run_case, gradient_case, spec, result, store) if grad else _run_case
     _save = _forward_only(_save_case)  # `harness replay` re-runs forwards: no saved case for a gradient
     format_failure = _naming_gradients(_format_failure)
 
-    # the body of `search` is kept as it was before gradients: hypothesis derives its derandomized draws
-    # (the ci profile) from this source, and the planted-bug suite's findings from those draws
     @settings(settings.get_profile(profile), max_examples=examples)
     @given(problems(spec, dtypes=dtypes, device=device, max_length=max_length, profile=profile))
     def search(problem):
-        record = run_case(spec, problem, options, store=store)
-        result.records.append(record)
-        cond = record.get("cond_max")
-        if isinstance(cond, (int, float)) and cond == cond and cond != float("inf"):
-            hyp_target(float(cond), label="cond_max")
-        if record["verdict"] in FAILING_VERDICTS:
-            result.failure = record
-            if save_counterexample:
-                result.counterexample = _save(record, problem, directory=counterexample_dir,
-                                              kernel_target=fn if isinstance(fn, str) else None)
-            replay = f"harness replay {result.counterexample}" if result.counterexample else record["replay"]
-            raise DivergenceError(format_failure(record, judge(record, options.policy), replay=replay))
+        key = problem.key
+        if (first_failure and shrink_deadline_s is not None
+                and time.monotonic() - first_failure[0] > shrink_deadline_s):
+            # past the shrink deadline: a failure seen before fails again (hypothesis replays its best),
+            # anything new passes without running, so shrinking ends at once
+            if key not in failures:
+                result.shrink_stopped = True
+                return
+        elif key not in failures:
+            record = run_case(spec, problem, options, store=store)
+            result.records.append(record)
+            cond = record.get("cond_max")
+            if isinstance(cond, (int, float)) and cond == cond and cond != float("inf"):
+                hyp_target(float(cond), label="cond_max")
+            if record["verdict"] not in FAILING_VERDICTS:
+                return
+            if not first_failure:
+                first_failure.append(time.monotonic())
+            failures[key] = record
+        # one raise for every failure (hypothesis tells failures apart by where they are raised); the
+        # counterexample file is (re)written each time, so it holds the case hypothesis ends with
+        record = failures[key]
+        counterexample = None
+        if save_counterexample:
+            counterexample = _save(record, problem, directory=counterexample_dir,
+                                   kernel_target=fn if isinstance(fn, str) else None)
+        replay = f"harness replay {counterexample}" if counterexample else record["replay"]
+        message = format_failure(record, judge(record, options.policy), replay=replay)
+        result.failure, result.counterexample = record, counterexample
+        raise DivergenceError(message)
 
     try:
         search()
         result.failure = None
     except DivergenceError as exc:
         result.message = str(exc)
+        if result.shrink_stopped:
+            result.message += (f"\nShrinking stopped at the {shrink_deadline_s:g} s deadline: this is the smallest "
+                               "failing case found by then.")
     return result
 
 

@@ -13,7 +13,10 @@ The condition-normalized error (the one number the verdict thresholds)
 ----------------------------------------------------------------------
 For every output element::
 
-    cond = |x - out| / (u * (growth + depth * magnitude) + tiny_floor)
+    cond = |x - out| / bound,   bound = u S / (1 - r) + 2**-53 (growth + room * magnitude) + tiny_floor,
+    S = growth + (depth + room) * magnitude,   r = u S / magnitude
+
+(`rounding_bound`, the one definition; the first-order terms are explained here, the rest below.)
 
 - ``u`` is the unit roundoff of the kernel's dtype (`harness.dtypes`; TF32's when ``tf32=True``).
 - ``growth`` (from the trace) bounds what the plain sequential loop in that dtype may err: a loop
@@ -27,6 +30,13 @@ For every output element::
   ``depth >= 1``.
 - ``tiny_floor`` is the dtype's smallest normal number, so that differences at underflow level
   (subnormal noise, values that flush to zero) are not charged.
+
+- ``room`` (``function_room``): last-place errors of the elementwise functions of a step (exp, softplus,
+  silu, powers, roots), in units of ``u * magnitude`` (`harness.problems.Problem.function_room`).
+- ``1 / (1 - r)``: Higham's ``gamma_n = n u / (1 - n u)`` with ``n u = r``: the first-order bound made
+  valid to the end (the worst case grows like ``(1 + u)**n - 1``, not ``n u``).
+- ``2**-53 (growth + room * magnitude)``: the float64 oracle's own rounding (`ORACLE_ROUNDOFF`); it
+  matters only for float64 kernels, which may err by as much in the other direction.
 
 ``cond <= 1`` means "within the a-priori bound"; the bound is pessimistic (it adds worst cases), so a
 correct kernel sits well below 1. The same threshold means the same for float32 at L=64 and bfloat16 at
@@ -46,7 +56,12 @@ with ``M = max_finite / (1 + depth * u)`` (a margin of the tree's rounding below
 that a state within rounding of the maximum is not held against a kernel). The peaks are running maxima,
 so the state condition excludes a suffix of each row; the output condition excludes single elements.
 A kernel that gives Inf where the oracle plus ``cond_threshold`` times the bound exceeds the maximum is
-also counted out of domain (the bound admits that overflow). Elements out of domain are not compared.
+also counted out of domain (the bound admits that overflow), and so is one that is NaN/Inf where the
+same-dtype sequential loop (the baseline) is NaN/Inf too: an intermediate of a correct algorithm left
+the range there (``domain_cause = "loop_nonfinite"``). Next to the range, the precision domain:
+an element whose valid bound reaches its magnitude (``r >= PRECISION_LIMIT``) carries no guaranteed
+digit and is out of domain too (``n_precision_exhausted``, ``precision_onset_t``; a kernel NaN/Inf there
+is no finding). Elements out of domain are not compared, against the oracle or the baseline.
 
 Non-finite values are classified before any number is compared (numpy.testing's order), see
 `NONFINITE_CLASSES`.
@@ -82,6 +97,18 @@ COND_THRESHOLD: float = 1.0
 #: ratio; with the floor at 1/16 of the bound an exact baseline leaves the decision to the cond rule
 #: (``BASELINE_FACTOR * BASELINE_FLOOR = 1/8 < COND_THRESHOLD``), which is what it should do.
 BASELINE_FLOOR: float = 2.0**-4
+
+#: The unit roundoff of the float64 oracle itself (2**-53). The oracle is the plain loop in float64, so it
+#: errs by up to ``ORACLE_ROUNDOFF * growth`` too; for a low-precision kernel that is nothing, but a float64
+#: kernel and the float64 oracle may each err by that much, in opposite directions (a one-step float64
+#: loop was called a bug at cond 1.02 for it: docs/verdict.md).
+ORACLE_ROUNDOFF: float = 2.0**-53
+
+#: The first-order relative bound ``r = u * S / magnitude`` (S = growth + (depth + room) * magnitude) at
+#: which the valid bound ``u * S / (1 - r)`` reaches the magnitude itself: from there on no significant
+#: digit is guaranteed (Higham's gamma_n = n u / (1 - n u) with n u = r), and the element is outside the
+#: precision domain (not compared, counted in ``n_precision_exhausted``).
+PRECISION_LIMIT: float = 0.5
 
 #: At most this many (t, max cond error) pairs in `Divergence.error_by_position`.
 MAX_POSITION_SAMPLES: int = 64
@@ -132,6 +159,9 @@ class Divergence:
     n_compared: int = 0  # in domain and finite in both
     n_rows: int = 0
     n_rows_out_of_domain: int = 0
+    n_precision_exhausted: int = 0  # in range, but the valid bound reaches the magnitude (not compared)
+    precision_onset_t: int | None = None  # first t with such an element
+    function_room: float = 0.0  # last-place room (in units of u * magnitude) for exp/softplus/silu...
     # -- plain errors over compared elements ------------------------------------------------------
     max_abs: float = math.nan
     max_rel: float = math.nan  # over |ref| > smallest normal
@@ -168,7 +198,8 @@ class Divergence:
     first_nonfinite_t: int | None = None  # first t where the kernel is NaN/Inf in domain
     n_expected_underflow: int = 0
     domain_onset_t: int | None = None  # first t with any element out of domain
-    domain_cause: str = "none"  # "state", "decay", "output", "near_overflow", "oracle_nonfinite"
+    domain_cause: str = "none"  # "state", "decay", "output", "near_overflow", "oracle_nonfinite",
+    # "precision_exhausted", "loop_nonfinite" (the kernel and the same-dtype loop are both NaN/Inf)
     state_peak_max: float = math.nan
     decay_peak_max: float = math.nan
     # -- the same-dtype sequential baseline -------------------------------------------------------
@@ -424,6 +455,7 @@ def measure(
     tf32: bool = False,
     cond_threshold: float = COND_THRESHOLD,
     element_axes_names: Sequence[str] | None = None,
+    function_room: float = 0.0,
 ) -> Divergence:
     """Compare ``actual`` (the kernel's output) with ``trace`` (the float64 oracle); see the module doc.
 
@@ -432,7 +464,9 @@ def measure(
     retention's (batch, L, heads, dv)); ``depth`` the tree depth in the bound (default
     ``ceil(log2 L) + 1``); ``tf32`` uses TF32's roundoff for a float32 case; ``cond_threshold`` the
     cond error counted as a mismatch (pass the policy's); ``element_axes_names`` names the output's
-    axes in messages (default: `default_axis_names`). Runs single-threaded (see `_single_threaded`).
+    axes in messages (default: `default_axis_names`); ``function_room`` the last-place errors of the
+    elementwise functions a step evaluates (exp, softplus, silu, ...), in units of ``u * magnitude``
+    (`harness.problems.Problem.function_room`). Runs single-threaded (see `_single_threaded`).
     """
     info = dtypes.info(dtype)
     ref = getattr(trace, "out", None)
@@ -462,6 +496,9 @@ def measure(
             )
     if not cond_threshold > 0:
         raise InvalidArgument(f"cond_threshold={cond_threshold!r} must be positive")
+    if not (isinstance(function_room, (int, float)) and 0 <= function_room < math.inf):
+        raise InvalidArgument(f"function_room={function_room!r} must be a finite number >= 0 (units of u * magnitude)")
+    room = float(function_room)
     u = dtypes.unit_roundoff(info.name, tf32=tf32)
     n_elements = int(math.prod(shape))
     common: dict[str, Any] = dict(
@@ -475,6 +512,7 @@ def measure(
         unit_roundoff=u,
         cond_threshold=float(cond_threshold),
         n_elements=n_elements,
+        function_room=room,
     )
 
     x, actual_dtype, problem = _read_output(actual, shape, "kernel output")
@@ -504,7 +542,7 @@ def measure(
     inf = math.inf
 
     # accumulators
-    n_in_domain = n_compared = n_bad_nf = n_over = n_underflow = n_k_nonfinite = rows_ood = 0
+    n_in_domain = n_compared = n_bad_nf = n_over = n_underflow = n_k_nonfinite = rows_ood = n_exhausted = 0
     max_abs = max_rel = cond_max = ulp_max = -1.0
     worst_cond: tuple[float, int, int] | None = None  # (cond, row, t)
     first_bad: tuple[int, int] | None = None  # (t, row)
@@ -515,6 +553,7 @@ def measure(
     per_t_abs = torch.full((length,), -1.0, dtype=f64)
     mismatch_t = torch.zeros(length, dtype=torch.bool)
     ood_t = torch.zeros(length, dtype=torch.bool)
+    lost_t = torch.zeros(length, dtype=torch.bool)
     any_nan_vs_inf = any_xor = any_knf = False
     sp_max = dp_max = -inf
     b_nf = b_over = 0
@@ -524,7 +563,8 @@ def measure(
     # the common case (everything in range) in one compiled pass; None: the chunks below handle it
     fs = _compiled_measure.fast_pass(
         *(cube(t) for t in (ref, x, trace.magnitude, trace.growth, trace.state_peak, trace.decay_peak)),
-        cube(b) if b is not None else None, grid=grid, depth=depth, u=u, tiny=tiny, thr=thr, limit=limit,
+        cube(b) if b is not None else None, grid=grid, depth=depth, room=room, u=u, tiny=tiny, thr=thr,
+        limit=limit, u_oracle=ORACLE_ROUNDOFF, precision_limit=PRECISION_LIMIT,
         max_finite=info.max_finite, sub_half=sub_half, cond_vals=cond_vals, ulp_vals=ulp_vals,
         per_t_cond=(fast_cond := per_t_cond.clone()), per_t_abs=(fast_abs := per_t_abs.clone()),
         mismatch_t=(fast_mismatch := mismatch_t.clone()))
@@ -552,11 +592,13 @@ def measure(
         xc = x_low.to(f64)
         spc = T_sp[r0:r1].to(f64)
         dpc = T_dp[r0:r1].to(f64)
-        bound = T_mag[r0:r1].to(f64, copy=True).mul_(depth).add_(T_gro[r0:r1].to(f64)).mul_(u).add_(tiny)
-        bound = bound.contiguous()
         # the sum of |terms| behind each output (magnitude): when it passes the dtype's max, a term of
         # the sum (C_n h_n, q S) can overflow in a correct kernel even though the sum itself is finite
-        magc = T_mag[r0:r1].to(f64)
+        magc = T_mag[r0:r1].to(f64).contiguous()
+        bound, rel = rounding_bound(magc, T_gro[r0:r1].to(f64), u=u, depth=depth, room=room, tiny=tiny)
+        bound = bound.contiguous()
+        # the precision domain: where the valid bound reaches the magnitude no digit is guaranteed
+        exhausted = ~(rel < PRECISION_LIMIT)
         mag_hi = float(magc.max())
         ao = o.abs()
         ao_lo_t, ao_hi_t = torch.aminmax(ao)
@@ -568,7 +610,7 @@ def measure(
         ref_low = o.to(grid)
         # NaN fails every comparison below, so a NaN anywhere takes the general path
         fast = (sp_hi <= limit and dp_hi <= limit and ao_hi + b_hi <= info.max_finite and mag_hi <= limit
-                and b_hi < inf and d_hi < inf)
+                and b_hi < inf and d_hi < inf and not bool(exhausted.any()))
         cond = diff / bound
 
         compared: torch.Tensor | None = None  # None: every element of the chunk is compared
@@ -586,6 +628,12 @@ def measure(
             # dtype's max can overflow in a correct kernel: out of domain, not a bug
             out_bad = ~(((ao + bound) <= info.max_finite) & (magc <= limit))
             dom = ~(prefix_bad | out_bad | ~torch.isfinite(bound))
+            lost = dom & exhausted  # in range, but no digit guaranteed: out of the precision domain
+            n_lost = int(lost.sum())
+            if n_lost:
+                n_exhausted += n_lost
+                lost_t |= lost.any(dim=0)
+                dom &= ~lost
             xf = torch.isfinite(xc)
             if not bool(xf.all()):
                 knf = ~xf
@@ -594,6 +642,10 @@ def measure(
                 # the rounding bound is at least the value itself (no significant digit is guaranteed:
                 # e.g. a norm whose input a correct loop may round to all zeros, giving 0/0)
                 near = knf & dom & ((ao + thr * bound > info.max_finite) | (bound - tiny >= ao))
+                if B is not None:
+                    # nor where the plain loop in the same dtype is non-finite too: an intermediate of a
+                    # correct algorithm (a partial sum, a drive term) leaves the dtype's range there
+                    near |= knf & dom & ~torch.isfinite(B[r0:r1])
                 dom = dom & ~near
                 bad = knf & dom
                 compared = dom & xf
@@ -750,7 +802,9 @@ def measure(
         index.insert(la, int(t))
         at = tuple(index)
         xo, oo = float(x[at]), float(ref[at])
-        bo = u * (float(trace.growth[at]) + depth * float(trace.magnitude[at])) + tiny
+        one = lambda t: t[at].reshape(1).to(f64)  # noqa: E731
+        bo = float(rounding_bound(one(trace.magnitude), one(trace.growth), u=u, depth=depth, room=room,
+                                  tiny=tiny)[0])
         fields.update(
             worst_index=tuple(index),
             worst_t=int(t),
@@ -788,6 +842,10 @@ def measure(
     else:
         klass = "none"
     onset = _first_true(ood_t)
+    range_cause = "none" if onset is None else _domain_cause(
+        onset, T_out, T_gro, T_mag, T_sp, T_dp, X, B, limit, u, depth, room, tiny, thr, info)
+    if range_cause == "none" and n_exhausted:
+        range_cause = "precision_exhausted"
     fields.update(
         nonfinite_class=klass,
         n_kernel_nonfinite=n_k_nonfinite,
@@ -795,8 +853,9 @@ def measure(
         first_nonfinite_t=first_bad[0] if first_bad is not None else None,
         n_expected_underflow=n_underflow,
         domain_onset_t=onset,
-        domain_cause="none" if onset is None else _domain_cause(
-            onset, T_out, T_gro, T_mag, T_sp, T_dp, X, limit, u, depth, tiny, thr, info),
+        domain_cause=range_cause,
+        n_precision_exhausted=n_exhausted,
+        precision_onset_t=_first_true(lost_t),
         state_peak_max=sp_max,
         decay_peak_max=dp_max,
     )
@@ -832,6 +891,26 @@ def measure(
     )
 
 
+def rounding_bound(magnitude: torch.Tensor, growth: torch.Tensor, *, u: float, depth: int, room: float = 0.0,
+                   tiny: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The valid rounding bound of each element and its first-order relative size ``r`` (float64).
+
+    ``S = growth + (depth + room) * magnitude`` counts the roundings (module docstring); the first-order
+    bound ``u S`` is made valid to the end by Higham's gamma form ``u S / (1 - r)`` with ``r = u S /
+    magnitude`` (0 where the magnitude is 0: a trace without one, such as a gradient's normwise bound,
+    has no precision domain), and the float64 oracle's own rounding ``ORACLE_ROUNDOFF * (growth + room * magnitude)``
+    and the floor ``tiny`` are added. Where ``r >= PRECISION_LIMIT`` the valid bound reaches the magnitude
+    (no digit is guaranteed); the bound returned there is ``2 u S`` (finite, for the range tests only:
+    those elements are not compared). The compiled pass (`harness._compiled_measure`) does the same
+    operations in the same order.
+    """
+    s = magnitude * float(depth + room) + growth
+    first = s * u
+    r = torch.where(magnitude > 0, first / magnitude, 0.0)
+    bound = first / torch.clamp(1.0 - r, min=1.0 - PRECISION_LIMIT) + (magnitude * float(room) + growth) * ORACLE_ROUNDOFF + tiny
+    return bound, r
+
+
 def _ldexp(m: float, e: int) -> float:
     try:
         return math.ldexp(m, e)
@@ -847,9 +926,11 @@ def _domain_cause(
     sp: torch.Tensor,
     dp: torch.Tensor,
     x: torch.Tensor,
+    base: torch.Tensor | None,
     limit: float,
     u: float,
     depth: int,
+    room: float,
     tiny: float,
     thr: float,
     info: dtypes.DtypeInfo,
@@ -859,7 +940,7 @@ def _domain_cause(
         return "none"
     f64 = torch.float64
     o = out[:, onset].to(f64)
-    bound = u * (gro[:, onset].to(f64) + depth * mag[:, onset].to(f64)) + tiny
+    bound, rel = rounding_bound(mag[:, onset].to(f64), gro[:, onset].to(f64), u=u, depth=depth, room=room, tiny=tiny)
     xc = x[:, onset].to(f64)
     state = ~(sp[:, onset].to(f64) <= limit)
     decay = ~(dp[:, onset].to(f64) <= limit)
@@ -871,7 +952,10 @@ def _domain_cause(
         ("decay", decay),
         ("output", output),
         ("oracle_nonfinite", oracle),
+        ("precision_exhausted", ~(rel < PRECISION_LIMIT)),
         ("near_overflow", near),
+        ("loop_nonfinite", ~torch.isfinite(xc) & (torch.zeros_like(state) if base is None
+                                                  else ~torch.isfinite(base[:, onset]))),
     ):
         if bool(mask.any()):
             return name

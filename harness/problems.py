@@ -13,6 +13,12 @@ Input regimes (named, per family; `REGIMES` lists which apply):
   S4D-real init), u, B, C, D, z standard normal. Linear scan: a = exp(-softplus(z - 2)) in (0, 1).
   Retention: q, k, v standard normal.
 - ``long_memory``: decay factors within 1e-4..1e-2 of 1, so the state sums thousands of terms.
+  Selective scan: dt in [1e-4, 1e-3], A in [-1, -0.01].
+
+In every regime but ``unstable`` the selective scan's decays stay at or below 1 whatever ``delta_bias``:
+without softplus the bias is drawn at the channel's step scale and taken out of delta, so that
+``delta + delta_bias`` is the regime's positive step (with softplus the step is positive anyway).
+Growth belongs to ``unstable`` alone.
 - ``fast_decay``: decay factors well below 1 (a in (0, 0.5); delta*A in [-10, -1]).
 - ``large`` / ``tiny``: ``trained`` with the data (b, u, B, C, q, k, v; D by the square) scaled so that
   products of three factors sit near the dtype's largest / smallest normal value (max**(1/4),
@@ -192,6 +198,24 @@ class Problem:
         gen = torch.Generator().manual_seed(self.seed)
         return _GENERATORS[self.family](self, shapes, gen)
 
+    @property
+    def function_room(self) -> float:
+        """Last-place errors of the elementwise functions one step evaluates, in units of ``u * magnitude``.
+
+        The rounding bound (`harness.metrics.rounding_bound`) counts multiplies and adds; a correct kernel
+        (and the float64 oracle) also evaluates exp, softplus, silu, powers and roots, each to within an
+        ulp or two. Selective scan: exp(delta A) 1, the bias add 1, softplus (log1p of exp) 2, silu (exp,
+        add, divide, multiply) 2; retention: the decay powers 1; its normed form also the root and the
+        divide 2.
+        """
+        if self.family is Family.SELECTIVE_SCAN:
+            return 1.0 + self.has_delta_bias + 2.0 * self.delta_softplus + 2.0 * self.has_z
+        if self.family is Family.RETENTION:
+            return 1.0
+        if self.family is Family.RETENTION_NORMED:
+            return 3.0
+        return 0.0
+
     def call_kwargs(self) -> dict[str, Any]:
         """Keyword arguments besides the tensors (selective_scan's flag, eps, chunk_size)."""
         kw: dict[str, Any] = {}
@@ -269,7 +293,15 @@ def _selective_scan_inputs(p: Problem, shapes, gen) -> dict[str, torch.Tensor]:
     if p.has_z:
         out["z"] = _randn((b, d, L), gen)
     if p.has_delta_bias:
-        out["delta_bias"] = 0.1 * _randn((d,), gen)
+        bias = 0.1 * _randn((d,), gen)
+        if p.regime != "unstable" and not p.delta_softplus:
+            # The decays see delta + bias: keep that sum the regime's positive draw, so every decay
+            # factor stays below 1 whatever the bias (a bias of 0.1 against a step of 1e-4 made
+            # long_memory's decays reach 1.1 and its state grow: that is the unstable regime). The bias
+            # is scaled to the channel's step and taken out of delta (which may then be negative).
+            bias = bias * dt[:, 0]
+            out["delta"] = delta - bias[None, :, None]
+        out["delta_bias"] = bias
     return out
 
 

@@ -7,7 +7,11 @@ One case: `Problem.make_inputs` -> the float64 oracle's `Trace` -> the kernel, c
 
 ``cause`` answers the question the seed threads asked, in one word: ``rounding`` (equivalent),
 ``kernel_bug`` (divergent), ``eps_effect`` (divergent through the norm's eps only: the same case at
-eps = 0 is equivalent), ``input_overflow`` (out_of_domain), or the contract outcome of a kernel error.
+eps = 0 is equivalent), ``precision_loss`` (divergent in a low precision, equivalent on the same inputs
+in float64: the algorithm is right and loses digits a plain loop in that dtype keeps),
+``input_overflow`` (out_of_domain: the inputs overflow the dtype), ``precision_exhausted``
+(out_of_domain: no digit of the output is guaranteed in the dtype), or the contract outcome of a kernel
+error.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from harness import dtypes
 from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import DEFAULT_TIMEOUT_S, call_guarded
 from harness.problems import Problem
-from harness.verdict import Judgement, Policy, Verdict, judge
+from harness.verdict import Judgement, Policy, Verdict, domain_kind, judge
 
 #: Order of the tensor arguments of each family's call.
 ARG_ORDER: dict[Family, tuple[str, ...]] = {
@@ -125,6 +129,8 @@ class RunOptions:
     timeout_s: float | None = DEFAULT_TIMEOUT_S
     check_determinism: bool = False
     eps_counterfactual: bool = True  # re-run a divergent normed case at eps = 0 to name an eps effect
+    # re-run a divergent low-precision case on the same (rounded) inputs in float64 to name precision loss
+    precision_counterfactual: bool = True
 
 
 def replay_command(kernel: str, problem: Problem) -> str:
@@ -137,17 +143,21 @@ def replay_command(kernel: str, problem: Problem) -> str:
 
 def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
              kernel_fn: Callable | None = None, store=None,
-             keep_output: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+             keep_output: dict[str, torch.Tensor] | None = None,
+             inputs: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Run ``spec`` (or ``kernel_fn`` in its place) on ``problem``; return the flat record.
 
     ``keep_output``: a dict that receives the kernel's output under ``"output"`` (differential mode).
+    ``inputs``: the tensors to use instead of ``problem.make_inputs()`` (in ``problem``'s dtype; the
+    float64 re-run of a low-precision case passes that case's rounded inputs, upcast exactly).
     """
     from harness.metrics import measure
 
     options = options or RunOptions()
     timings: dict[str, float] = {}
     began = t0 = time.perf_counter()
-    inputs = problem.make_inputs()
+    if inputs is None:
+        inputs = problem.make_inputs()
     timings["t_inputs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -193,29 +203,62 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
 
     t0 = time.perf_counter()
     div = measure(result.output, trace, dtype=precision, baseline=baseline, length_axis=problem.length_axis,
-                  tf32=problem.tf32, cond_threshold=options.policy.cond_threshold)
+                  tf32=problem.tf32, cond_threshold=options.policy.cond_threshold,
+                  function_room=problem.function_room)
     judgement = judge(div, options.policy)
     timings["t_measure"] = time.perf_counter() - t0
     record.update({k: v for k, v in div.to_dict().items() if k not in record})
 
     cause = {Verdict.EQUIVALENT: "rounding", Verdict.DIVERGENT: "kernel_bug",
-             Verdict.OUT_OF_DOMAIN: "input_overflow"}.get(judgement.verdict, "kernel_error")
+             Verdict.OUT_OF_DOMAIN: domain_kind(div)}.get(judgement.verdict, "kernel_error")
     if (judgement.verdict is Verdict.DIVERGENT and options.eps_counterfactual
             and problem.family is Family.RETENTION_NORMED and problem.eps):
         t0 = time.perf_counter()
         zero = run_case(spec, problem.replace(eps=0.0),
-                        RunOptions(options.policy, options.timeout_s, False, False), kernel_fn=kernel_fn)
+                        RunOptions(options.policy, options.timeout_s, False, False, False), kernel_fn=kernel_fn)
         timings["t_eps0"] = time.perf_counter() - t0
         record["eps0_cond_max"] = zero.get("cond_max")
         if zero["verdict"] == Verdict.EQUIVALENT.value:
             cause = "eps_effect"
             judgement = Judgement(judgement.verdict, judgement.why + (
                 f"; eps effect: the same case at eps=0 is equivalent (cond_max {zero.get('cond_max'):.3g})"))
+    if (cause == "kernel_bug" and options.precision_counterfactual and precision != "float64"
+            and spec.capabilities.runs("float64", problem.device) is None):
+        t0 = time.perf_counter()
+        cause, judgement = _precision_counterfactual(spec, problem, inputs, options, kernel_fn, record, judgement,
+                                                     precision)
+        timings["t_float64"] = time.perf_counter() - t0
     timings["t_case"] = time.perf_counter() - began
     _finish(record, judgement, cause=cause, timings=timings)
     if store is not None:
         store.append(record)
     return record
+
+
+def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
+                              options: RunOptions, kernel_fn: Callable | None, record: dict[str, Any],
+                              judgement: Judgement, precision: str) -> tuple[str, Judgement]:
+    """Re-run a divergent low-precision case in float64 on the same rounded inputs (upcast exactly).
+
+    Equivalent there: the algorithm is right and loses precision in ``precision`` -> cause
+    ``precision_loss``, with the factor against the same-dtype sequential loop in the why; divergent
+    there too: an algebraic mistake, ``kernel_bug`` stays. The verdict itself is unchanged (the kernel
+    does err beyond the bound in that dtype); the float64 run's verdict and cond_max are recorded.
+    """
+    wide = {k: v.to(torch.float64) for k, v in inputs.items()}
+    again = run_case(spec, problem.replace(dtype="float64", tf32=False),
+                     RunOptions(options.policy, options.timeout_s, False, False, False),
+                     kernel_fn=kernel_fn, inputs=wide)
+    record["float64_verdict"] = again["verdict"]
+    record["float64_cond_max"] = again.get("cond_max")
+    if again["verdict"] != Verdict.EQUIVALENT.value:
+        return "kernel_bug", judgement
+    ratio = record.get("baseline_ratio")
+    factor = (f"; it errs {ratio:.3g}x the {precision} sequential loop"
+              if isinstance(ratio, float) and ratio == ratio else "")
+    why = (f"{judgement.why}; precision loss: the same inputs in float64 are equivalent "
+           f"(cond_max {again.get('cond_max'):.3g}){factor}")
+    return "precision_loss", Judgement(judgement.verdict, why, judgement.rule)
 
 
 def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:

@@ -68,6 +68,8 @@ def _element_bounds(family: Family, regime: str, dtype: str, name: str, softplus
             return (-2.0, 2.0) if regime == "unstable" else (-4.0, 0.0)
         if name == "D":
             return (-2.0 * s * s, 2.0 * s * s)
+        if name == "delta_bias" and regime != "unstable" and not softplus:
+            return (0.0, 1.0)  # delta + bias >= 0: every decay at or below 1 (`harness.problems`)
         if name in ("z", "delta_bias"):
             return (-2.0, 2.0)
     return (-2.0 * s, 2.0 * s)

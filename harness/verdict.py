@@ -8,7 +8,10 @@ which rule fired with which numbers. The rules, in the order they are tried:
    is a KERNEL_ERROR too.
 2. The kernel returned NaN/Inf where the oracle is finite and in domain -> DIVERGENT (the why names the
    first position).
-3. No element is in domain -> OUT_OF_DOMAIN: the inputs overflow the dtype even in exact arithmetic.
+3. No element is in domain -> OUT_OF_DOMAIN: the inputs overflow the dtype even in exact arithmetic
+   (the range domain), or no element has a guaranteed digit (the precision domain: the valid rounding
+   bound reaches the element's magnitude, `harness.metrics.PRECISION_LIMIT`; cause
+   ``precision_exhausted``, `domain_kind`).
 4. The condition-normalized error (see `harness.metrics`) over the in-domain elements:
 
    - float64 kernels are held to float64 rounding: DIVERGENT when ``cond_max > cond_threshold``
@@ -49,6 +52,7 @@ __all__ = [
     "Policy",
     "Verdict",
     "assert_equivalent",
+    "domain_kind",
     "format_failure",
     "judge",
 ]
@@ -340,6 +344,29 @@ def judge(
 
 
 def _domain_why(rec: Divergence, name: str, max_finite: float) -> str:
+    lost = rec.n_precision_exhausted
+    ranged = rec.n_out_of_domain - lost
+    precision = (
+        f"{lost} element(s) from t={rec.precision_onset_t} have a valid rounding bound that reaches their "
+        f"magnitude in {name} (precision exhausted: no significant digit is guaranteed there, so they are "
+        f"not compared)"
+    )
+    if lost and not ranged:
+        return precision
+    why = _range_why(rec, name, max_finite, ranged)
+    return f"{why}; {precision}" if lost else why
+
+
+def domain_kind(rec: Divergence | Mapping[str, Any]) -> str:
+    """Why elements were left out: ``precision_exhausted`` when every element out of domain is in range
+    but has no guaranteed digit, else ``input_overflow`` (the inputs overflow the dtype in exact
+    arithmetic). The runner's ``cause`` of an OUT_OF_DOMAIN verdict."""
+    get = rec.get if isinstance(rec, Mapping) else lambda k, d=None: getattr(rec, k, d)
+    lost = get("n_precision_exhausted", 0) or 0
+    return "precision_exhausted" if lost and lost >= (get("n_out_of_domain", 0) or 0) else "input_overflow"
+
+
+def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> str:
     t = rec.domain_onset_t
     what = {
         "state": f"state exceeds {name} max ({max_finite:.3g}; peak {_g(rec.state_peak_max)})",
@@ -347,20 +374,28 @@ def _domain_why(rec: Divergence, name: str, max_finite: float) -> str:
         "output": f"the exact output exceeds {name} max ({max_finite:.3g})",
         "near_overflow": f"the output is within the error bound of {name} max ({max_finite:.3g}) and the kernel overflows",
         "oracle_nonfinite": "the oracle's output or error bound is not finite",
+        "loop_nonfinite": (f"the kernel is NaN/Inf where the plain {name} sequential loop is NaN/Inf too (an "
+                           f"intermediate of a correct algorithm leaves {name}'s range)"),
     }.get(rec.domain_cause)
     where = f" from t={t}" if t is not None else ""
     rows = f" in {rec.n_rows_out_of_domain} of {rec.n_rows} rows" if rec.n_rows else ""
+    if what is None and rec.domain_cause == "precision_exhausted":  # the range is left later than the digits
+        return (f"{ranged} element(s) leave {name}'s range (state, decays or output beyond {max_finite:.3g}; "
+                f"state peak {_g(rec.state_peak_max)}), the inputs overflow the dtype even in exact arithmetic")
     if what is None:  # no overflow behind it: the kernel is non-finite only where no digit is guaranteed
-        return (f"{rec.n_out_of_domain} element(s){where}{rows} have a rounding bound at least as large as "
+        return (f"{ranged} element(s){where}{rows} have a rounding bound at least as large as "
                 f"the value itself in {name} (no significant digit is guaranteed; the kernel is non-finite "
                 "there, as a correct loop can be, e.g. a norm of a row rounded to zeros)")
+    if rec.domain_cause == "loop_nonfinite":
+        return f"{what}{where}{rows}"
     return f"{what}{where}{rows}, the inputs overflow the dtype even in exact arithmetic"
 
 
 _HEADLINES: dict[Verdict, str] = {
     Verdict.EQUIVALENT: "Kernel output is equivalent to the float64 oracle.",
     Verdict.DIVERGENT: "Kernel output diverges from the float64 oracle.",
-    Verdict.OUT_OF_DOMAIN: "The case is out of domain: its inputs overflow the dtype even in exact arithmetic.",
+    Verdict.OUT_OF_DOMAIN: ("The case is out of domain: its inputs overflow the dtype even in exact arithmetic, "
+                            "or no digit of the output is guaranteed in the dtype."),
     Verdict.KERNEL_ERROR: "The kernel failed; there is no output to compare with the float64 oracle.",
 }
 
@@ -410,7 +445,7 @@ def format_failure(
             )
         dom = (
             f"{rec.n_out_of_domain} of {rec.n_elements} elements out of domain from t={rec.domain_onset_t} "
-            f"({rec.domain_cause})"
+            f"({rec.domain_cause}; {rec.n_precision_exhausted} of them precision exhausted)"
             if rec.n_out_of_domain
             else "all elements in domain"
         )

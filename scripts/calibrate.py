@@ -51,15 +51,17 @@ FAILING = ("divergent", "kernel_error")
 
 
 # ------------------------------------------------------------------------------------------ problems
-def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked: bool, profile: str):
-    """One problem of ``family`` in ``regime`` and ``dtype``, over `harness.strategies.problems`' ranges."""
+def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked: bool, profile: str,
+                 max_length: int | None = None):
+    """One problem of ``family`` in ``regime`` and ``dtype``, over `harness.strategies.problems`' ranges
+    (lengths up to ``max_length`` when given, else the profile's)."""
     from harness.kernels.contract import Family
     from harness.problems import Problem
     from harness.settings import limits
     from harness.strategies import EPS_ZERO_AND_RANGE, SPECIAL_LENGTHS
 
     lim = limits(profile)
-    top = lim.max_length
+    top = min(lim.max_length, max_length or lim.max_length)
     if rng.random() < 0.5:
         length = rng.choice([n for n in SPECIAL_LENGTHS if n <= top])
     else:
@@ -87,6 +89,45 @@ def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked
         lo, hi = math.log10(EPS_ZERO_AND_RANGE[1]), math.log10(EPS_ZERO_AND_RANGE[2])
         fields["eps"] = 0.0 if rng.random() < 0.5 else float(f"{10.0 ** rng.uniform(lo, hi):.3g}")
     return Problem(**fields)
+
+
+def _fit(problem, spec):
+    """``problem`` inside a third-party kernel's declared capabilities (selective-scan options it does not
+    take, its length limit, its head dims, grouped B/C), changing only what the kernel cannot take."""
+    caps = spec.capabilities
+    changes = {}
+    if problem.family.value == "selective_scan":
+        if not caps.selective_options:
+            changes.update(has_z=False, has_delta_bias=False, delta_softplus=False)
+        if not caps.grouped_bc and problem.groups:
+            changes["groups"] = 0
+        if caps.max_state is not None and problem.state > caps.max_state:
+            changes["state"] = caps.max_state
+    from harness.kernels.contract import Lengths
+
+    length, chunk = problem.length, problem.chunk_size
+    if caps.takes_chunk and caps.chunk_sizes and chunk not in caps.chunk_sizes:
+        chunk = min(caps.chunk_sizes, key=lambda c: abs(c - (chunk or 1)))
+    if caps.lengths is Lengths.CHUNK_MULTIPLE:
+        chunk = chunk or (caps.chunk_sizes[0] if caps.chunk_sizes else 64)
+        length = max(chunk, length // chunk * chunk)
+    if caps.max_length is not None and length > caps.max_length:
+        length = caps.max_length if caps.lengths is not Lengths.CHUNK_MULTIPLE else caps.max_length // chunk * chunk
+    if caps.lengths is Lengths.POW2:
+        length = 1 << (length.bit_length() - 1)
+    length = max(length, caps.min_length)
+    if length != problem.length:
+        changes["length"] = length
+    if caps.takes_chunk and chunk != problem.chunk_size:
+        changes["chunk_size"] = chunk
+    if caps.head_dims and problem.family.value.startswith("retention"):
+        if problem.dk not in caps.head_dims:
+            changes["dk"] = min(caps.head_dims, key=lambda d: abs(d - problem.dk))
+        if problem.dv not in caps.head_dims:
+            changes["dv"] = min(caps.head_dims, key=lambda d: abs(d - problem.dv))
+    if caps.eps_values and problem.eps is not None and problem.eps not in caps.eps_values:
+        changes["eps"] = caps.eps_values[0]
+    return problem.replace(**changes) if changes else problem
 
 
 @contextlib.contextmanager
@@ -124,39 +165,59 @@ def cached_oracles() -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------------------- running
-def kernels():
+def kernels(third_party: bool = False, planted_bugs: bool = True):
+    """The correct kernels (in-tree; with ``third_party`` also every available third-party adapter that
+    is not an interpreted Triton kernel) and the planted bugs."""
     from harness.kernels import registry
     from tests.planted.bugs import PLANTED
 
-    correct = [(spec, None) for spec in registry.all_kernels() if spec.source == "intree"
+    correct = [(spec, None) for spec in registry.all_kernels()
+               if (spec.source == "intree" or (third_party and spec.source != "user" and not spec.capabilities.slow))
                and spec.unavailable_reason() is None]
-    planted = [(bug.spec, bug) for bug in PLANTED]
+    planted = [(bug.spec, bug) for bug in PLANTED] if planted_bugs else []
     return correct, planted
 
 
 def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_path: Path | None,
-        progress: bool) -> list[dict]:
+        progress: bool, *, third_party: bool = False, planted_bugs: bool = True, max_seconds: float | None = None,
+        families: tuple[str, ...] | None = None, max_length: int | None = None) -> list[dict]:
+    """Run ``cases`` problems per (dtype, family). Without a time limit the problems are drawn dtype by
+    dtype and family by family (the order of the committed tables, so a rerun with the same seed draws
+    the same problems); with one (``max_seconds``, checked between problems) round-robin over both, so
+    that every (dtype, family) gets its share."""
     from harness.kernels.contract import Family
     from harness.problems import REGIMES
     from harness.runner import RunOptions, run_case
 
     rng = random.Random(seed)
-    correct, planted = kernels()
+    correct, planted = kernels(third_party, planted_bugs)
     options = RunOptions()
     out: list[dict] = []
     fh = open(records_path, "w") if records_path else None
     start = time.perf_counter()
+    fams = [f for f in Family if families is None or f.value in families]
     try:
         with cached_oracles():
-            for dtype in dtypes:
-                for family in Family:
+            if max_seconds is None:
+                order = [[(i, d, f)] for d in dtypes for f in fams for i in range(cases)]
+            else:
+                order = [[(i, d, f) for d in dtypes for f in fams] for i in range(cases)]
+            for step, batch in enumerate(order):
+                if max_seconds is not None and time.perf_counter() - start > max_seconds:
+                    if progress:
+                        print(f"  time limit: stopped after {step} problems per (dtype, family)", file=sys.stderr)
+                    break
+                for i, dtype, family in batch:
                     regimes = REGIMES[family]
-                    fam_kernels = [(s, b) for s, b in correct + planted if s.family is family]
-                    for i in range(cases):
+                    fam_kernels = [(s, b) for s, b in correct + planted if s.family is family
+                                   and s.capabilities.runs(dtype, "cpu") is None]
+                    if True:
                         regime = regimes[i % len(regimes)]
-                        base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile)
+                        base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile,
+                                            max_length=max_length)
                         for spec, bug in fam_kernels:
                             problem = base if spec.capabilities.takes_chunk else base.replace(chunk_size=None)
+                            problem = _fit(problem, spec)
                             rec = run_case(spec, problem, options)
                             row = {
                                 "kind": "planted" if bug else "correct",
@@ -172,9 +233,9 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                                 fh.write(json.dumps(dict(row, problem_fields=problem.to_dict()), default=str) + "\n")
                             row["record"] = rec  # the full record, to re-judge under other policies
                             out.append(row)
-                    if progress:
-                        print(f"  {dtype:9s} {family.value:17s} {cases} problems, {len(out)} runs, "
-                              f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+                if progress and (step + 1) % max(1, len(order) // 20) == 0:
+                    print(f"  {step + 1} of {len(order)} steps, {len(out)} runs, "
+                          f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     finally:
         if fh:
             fh.close()
@@ -269,6 +330,43 @@ def what_if(rows: list[dict], dtypes: tuple[str, ...]) -> tuple[list[dict], int]
     return out, mismatches
 
 
+def per_family_regime(rows: list[dict], dtypes: tuple[str, ...]) -> list[dict]:
+    """False alarms and the out_of_domain share of the correct kernels per family x dtype x regime."""
+    out = []
+    for family in sorted({r["family"] for r in rows}):
+        for dtype in dtypes:
+            for regime in sorted({r["regime"] for r in rows if r["family"] == family}):
+                good = [r for r in rows if r["kind"] == "correct" and r["family"] == family and r["dtype"] == dtype
+                        and r["regime"] == regime]
+                if not good:
+                    continue
+                ood = [r for r in good if r["verdict"] == "out_of_domain"]
+                out.append({"family": family, "dtype": dtype, "regime": regime, "correct runs": len(good),
+                            "divergent": sum(r["verdict"] == "divergent" for r in good),
+                            "kernel_error": sum(r["verdict"] == "kernel_error" for r in good),
+                            "out_of_domain": f"{len(ood)} ({_pct(len(ood), len(good))})",
+                            "of them precision_exhausted": sum(r.get("cause") == "precision_exhausted" for r in ood),
+                            "max cond_max": max(_finite(r["cond_max"] for r in good), default=math.nan)})
+    return out
+
+
+def per_kernel(rows: list[dict]) -> list[dict]:
+    """Correct runs, false alarms and out_of_domain per correct kernel and dtype."""
+    out = []
+    for name in sorted({r["kernel"] for r in rows if r["kind"] == "correct"}):
+        for dtype in DTYPES:
+            good = [r for r in rows if r["kernel"] == name and r["dtype"] == dtype]
+            if not good:
+                continue
+            out.append({"kernel": name, "dtype": dtype, "runs": len(good),
+                        "divergent": sum(r["verdict"] == "divergent" for r in good),
+                        "kernel_error": sum(r["verdict"] == "kernel_error" for r in good),
+                        "out_of_domain": sum(r["verdict"] == "out_of_domain" for r in good),
+                        "precision_loss (divergent)": sum(r.get("cause") == "precision_loss" for r in good),
+                        "max cond_max": max(_finite(r["cond_max"] for r in good), default=math.nan)})
+    return out
+
+
 def per_regime(rows: list[dict], dtypes: tuple[str, ...]) -> list[dict]:
     out = []
     for dtype in dtypes:
@@ -311,19 +409,22 @@ def _table(rows: list[dict]) -> str:
                     disable_numparse=True)
 
 
-def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: float) -> str:
+def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: float, command: str = "") -> str:
     import torch
 
     from harness.verdict import BASELINE_FACTOR, COND_THRESHOLD
 
     per_dtype, per_bug, odd = summarize(rows, dtypes)
     alternatives, mismatches = what_if(rows, dtypes)
+    begin, end = markers(profile)
+    done = len({r["problem"] for r in rows}) // max(1, len({(r["dtype"], r["family"]) for r in rows}))
     lines = [
-        BEGIN,
+        begin,
         "",
-        f"`python scripts/calibrate.py --cases {cases} --seed {seed} --profile {profile}`: {cases} problems per "
-        f"(dtype, family), {len(rows)} kernel runs in {seconds:.0f} s; torch {torch.__version__}, CPU. "
-        f"Policy: cond_threshold = {COND_THRESHOLD:g}, baseline_factor = {BASELINE_FACTOR:g}.",
+        f"`python scripts/calibrate.py {command}`: {done} of {cases} problems per (dtype, family) "
+        f"run{' (time limit)' if done < cases else ''}, {len(rows)} kernel runs in {seconds:.0f} s; "
+        f"torch {torch.__version__}, CPU. Policy: cond_threshold = {COND_THRESHOLD:g}, "
+        f"baseline_factor = {BASELINE_FACTOR:g}.",
         "",
         "### Per dtype",
         "",
@@ -339,6 +440,14 @@ def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: floa
         "### Correct kernels per dtype and regime",
         "",
         _table(per_regime(rows, dtypes)),
+        "",
+        "### Correct kernels per family, dtype and regime (false alarms, out_of_domain share)",
+        "",
+        _table(per_family_regime(rows, dtypes)),
+        "",
+        "### Per correct kernel",
+        "",
+        _table(per_kernel(rows)),
         "",
         "### Planted bugs per dtype (cases that expose the bug)",
         "",
@@ -356,8 +465,16 @@ def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: floa
             lines.append(f"\n... and {len(odd) - 60} more (see --records).")
     else:
         lines.append("None.")
-    lines += ["", END]
+    lines += ["", end]
     return "\n".join(lines)
+
+
+def markers(profile: str) -> tuple[str, str]:
+    """The doc markers of a profile's table: the ci table keeps the original ones."""
+    if profile == "ci":
+        return BEGIN, END
+    return (f"<!-- BEGIN calibration table {profile} (scripts/calibrate.py) -->",
+            f"<!-- END calibration table {profile} -->")
 
 
 
@@ -374,6 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", default=None, help="also write every run as JSON lines here")
     parser.add_argument("--print", action="store_true", help="print the tables instead of writing the doc")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--third-party", action="store_true",
+                        help="also the available third-party kernels (not the interpreted Triton ones)")
+    parser.add_argument("--no-planted", action="store_true", help="correct kernels only")
+    parser.add_argument("--families", default=None, help="comma-separated families (default: all)")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="cap the drawn lengths below the profile's (parallel retention forms hold L x L "
+                             "matrices: 8.6 GB per head in float64 at L=32768)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="stop drawing problems after this long; the table says how many were run")
     args = parser.parse_args(argv)
     if args.cases < 1:
         parser.error(f"--cases={args.cases} must be at least 1")
@@ -383,14 +509,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--dtypes={args.dtypes!r} contains {bad}; expected a subset of {','.join(DTYPES)}")
 
     start = time.perf_counter()
+    families = tuple(args.families.split(",")) if args.families else None
     rows = run(args.cases, args.seed, args.profile, dtypes, Path(args.records) if args.records else None,
-               progress=not args.quiet)
+               progress=not args.quiet, third_party=args.third_party, planted_bugs=not args.no_planted,
+               max_seconds=args.max_seconds, families=families, max_length=args.max_length)
+    given = list(argv if argv is not None else sys.argv[1:])
+    for flag in ("--records", "--out"):  # where this run wrote things is not part of what it measured
+        if flag in given:
+            i = given.index(flag)
+            del given[i:i + 2]
+    command = " ".join(a for a in given if not a.startswith(("--records=", "--out=")))
     block = markdown(rows, dtypes, cases=args.cases, seed=args.seed, profile=args.profile,
-                     seconds=time.perf_counter() - start)
+                     seconds=time.perf_counter() - start, command=command)
     if args.print:
         print(block)
     else:
-        write_between_markers(Path(args.out), block, begin=BEGIN, end=END, title="Calibration of the verdict thresholds")
+        begin, end = markers(args.profile)
+        write_between_markers(Path(args.out), block, begin=begin, end=end, title="Calibration of the verdict thresholds")
         print(f"wrote {args.out}", file=sys.stderr)
     per_dtype, _, _ = summarize(rows, dtypes)
     return 0 if all(r["false alarms"].startswith("0 ") for r in per_dtype) else 1

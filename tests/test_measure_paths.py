@@ -125,6 +125,27 @@ def test_out_of_range_cases_go_to_the_general_code(monkeypatch, spoil):
     _assert_same(fast, slow)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_function_room_and_the_valid_bound_are_the_same_in_both_paths(monkeypatch, dtype):
+    x, trace, baseline = _case((2, 3, 129), 2, dtype, 11)
+    trace.growth.mul_(20.0)  # growth 60 magnitude: r = 2**-8 (60 + depth 8 + room 3) ~ 0.28 in bfloat16
+    fast, slow, calls = _both(monkeypatch, x, trace, dtype=dtype, baseline=baseline, function_room=3.0)
+    assert calls == [True]
+    _assert_same(fast, slow)
+    assert fast["function_room"] == 3.0 and fast["n_precision_exhausted"] == 0
+
+
+def test_elements_without_a_guaranteed_digit_go_to_the_general_code(monkeypatch):
+    # bfloat16 (u = 2**-8): growth 1200 magnitude from t = 40 puts r = u (1200 + 7) past 1/2 there
+    x, trace, baseline = _case((2, 3, 64), 2, "bfloat16", 12)
+    trace.growth[..., 40:] *= 400.0
+    fast, slow, calls = _both(monkeypatch, x, trace, dtype="bfloat16", baseline=baseline)
+    assert calls == [False]
+    _assert_same(fast, slow)
+    assert fast["n_precision_exhausted"] == 2 * 3 * 24 and fast["precision_onset_t"] == 40
+    assert fast["n_compared"] == 2 * 3 * 40 and fast["domain_cause"] == "precision_exhausted"
+
+
 def test_a_non_finite_baseline_goes_to_the_general_code(monkeypatch):
     x, trace, baseline = _case((2, 3, 64), 2, "float32", 6)
     baseline[0, 0, 5] = math.nan

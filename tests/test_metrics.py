@@ -41,6 +41,13 @@ def make_trace(out, *, magnitude=None, growth=None, state_peak=None, decay_peak=
     )
 
 
+def valid_bound(magnitude, growth, u, depth, room=0.0, tiny=0.0) -> float:
+    """The bound by hand (docs/verdict.md): u S / (1 - r) + 2**-53 (growth + room magnitude) + tiny, where
+    S = growth + (depth + room) magnitude and r = u S / magnitude."""
+    first = u * (growth + (depth + room) * magnitude)
+    return first / (1 - first / magnitude) + U64 * (growth + room * magnitude) + tiny
+
+
 def t64(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
@@ -214,27 +221,30 @@ def test_cond_normalization_on_a_hand_built_trace():
     x = torch.tensor([[[v * (1 + kk * 2.0**-23) for v, kk in zip(out[0][0], k)]]], dtype=torch.float32)
     tr = make_trace(out, magnitude=out, growth=[[[2.0, 4.0, 8.0, 16.0]]])
     d = measure(x, tr, dtype="float32")
-    # bound = u (growth + 3 magnitude) + tiny = u * 5 * out (+ 2**-126); error = k * 2**-23 * out = 2 k u out
-    expected = [2 * kk / 5 for kk in k]  # 0.4, 0, 1.2, 4.0
+    # first-order bound u (growth + 3 magnitude) = 5 u out, r = 5 u: valid bound 5 u out / (1 - 5 u) plus the
+    # oracle's own 2**-53 growth (+ 2**-126); error = k * 2**-23 * out = 2 k u out, so cond ~ 2 k / 5
+    c = 5 * U32 / valid_bound(1.0, 2.0, U32, 3)  # the valid bound over the first-order one, per unit out
+    expected = [2 * kk / 5 * c for kk in k]  # ~ 0.4, 0, 1.2, 4.0
+    assert 1 - 1e-6 < c < 1
     assert d.depth == 3
-    assert d.cond_max == pytest.approx(4.0, rel=1e-15)
-    assert d.cond_p99 == pytest.approx(4.0, rel=1e-15)  # nearest rank ceil(0.99 * 4) = 4th
-    assert d.cond_p50 == pytest.approx(0.4, rel=1e-15)  # 2nd smallest of 0, 0.4, 1.2, 4
-    assert [e for _, e in d.error_by_position] == pytest.approx(expected, rel=1e-15)
+    assert d.cond_max == pytest.approx(4.0 * c, rel=1e-12)
+    assert d.cond_p99 == pytest.approx(4.0 * c, rel=1e-12)  # nearest rank ceil(0.99 * 4) = 4th
+    assert d.cond_p50 == pytest.approx(0.4 * c, rel=1e-12)  # 2nd smallest of 0, 0.4, 1.2, 4
+    assert [e for _, e in d.error_by_position] == pytest.approx(expected, rel=1e-12)
     assert [t for t, _ in d.error_by_position] == [0, 1, 2, 3]
     assert d.ulp_max == 10 and d.ulp_p99 == 10 and d.ulp_p50 == 1
     assert d.n_mismatch == 2 and d.mismatch_frac == 0.5  # 1.2 and 4.0 exceed 1
     assert d.onset_t == 2
     assert d.worst_index == (0, 0, 3) and d.worst_t == 3
     assert d.worst_desired == 8.0 and d.worst_actual == 8.0 * (1 + 10 * 2.0**-23)
-    assert d.worst_bound == pytest.approx(5 * 8 * U32, rel=1e-15)
+    assert d.worst_bound == pytest.approx(8 * valid_bound(1.0, 2.0, U32, 3), rel=1e-12)
     assert d.worst_cond == d.cond_max
     # depth is a parameter: depth 1 makes the bound u (growth + magnitude) = 3 u out
     d1 = measure(x, tr, dtype="float32", depth=1)
-    assert d1.cond_max == pytest.approx(20 / 3, rel=1e-15)
-    # tf32 uses u = 2**-11 for a float32 case: the same error is 2**13 times smaller in cond units
+    assert d1.cond_max == pytest.approx(20 / 3 * 3 * U32 / valid_bound(1.0, 2.0, U32, 1), rel=1e-12)
+    # tf32 uses u = 2**-11 for a float32 case: the same error is about 2**13 times smaller in cond units
     dt = measure(x, tr, dtype="float32", tf32=True)
-    assert dt.cond_max == pytest.approx(4.0 * 2.0**-13, rel=1e-12)
+    assert dt.cond_max == pytest.approx(20 * U32 / valid_bound(1.0, 2.0, 2.0**-11, 3), rel=1e-12)  # 10 ulps of 8
     assert dt.n_mismatch == 0
 
 
@@ -253,7 +263,7 @@ def test_the_same_threshold_across_dtypes_and_lengths():
         depth = metrics.default_depth(length)
         out = torch.ones(1, 1, length, dtype=torch.float64)
         tiny = dtypes.info(dtype).smallest_normal
-        x = out + 0.5 * (u * (1 + depth) + tiny)  # magnitude = growth = 1: bound = u (1 + depth) + tiny
+        x = out + 0.5 * valid_bound(1.0, 1.0, u, depth, tiny=tiny)  # magnitude = growth = 1
         d = measure(x, make_trace(out), dtype=dtype)
         assert d.cond_max == pytest.approx(0.5, rel=1e-6), dtype
 
@@ -264,12 +274,12 @@ def test_the_same_threshold_across_dtypes_and_lengths():
 
 def test_onset_and_growth_exponent_on_an_error_growing_with_t():
     length = 64  # depth 7
-    out = torch.ones(1, 1, length, dtype=torch.float64)
+    out = torch.zeros(1, 1, length, dtype=torch.float64)
     t = torch.arange(length, dtype=torch.float64)
     err = 1e-3 * (t + 1) ** 2
-    # growth = 2**53 - 7 and magnitude 1 make the bound u (2**53 - 7 + 7) = 1: cond error = abs error
-    tr = make_trace(out, magnitude=1.0, growth=2.0**53 - 7)
-    d = measure(out + err, tr, dtype="float64")
+    # an error of err times the bound at each t: cond error = err (to rounding)
+    tr = make_trace(out, magnitude=1.0, growth=2.0**20)
+    d = measure(out + err * valid_bound(1.0, 2.0**20, U64, 7), tr, dtype="float64")
     assert d.onset_t == 31  # 1e-3 (t + 1)**2 > 1 first at t + 1 = 32
     assert d.growth_exponent == pytest.approx(2.0, abs=1e-9)
     assert d.cond_growth_exponent == pytest.approx(2.0, abs=1e-9)
@@ -397,7 +407,8 @@ def test_none_class_and_no_domain_fields_when_everything_is_fine():
 def test_overflow_within_the_error_bound_is_not_held_against_the_kernel():
     # |out| is below float32 max but the bound reaches past it: an Inf there is an expected overflow
     out = t64([[[1.0, 3.0e38]]])
-    tr = make_trace(out, magnitude=[[[1.0, 3.0e38]]], growth=[[[1.0, 3.0e45]]])
+    # (r = u (1e45 + 2 * 3e38) / 3e38 ~ 0.2: digits are still guaranteed, the bound is ~7.5e37)
+    tr = make_trace(out, magnitude=[[[1.0, 3.0e38]]], growth=[[[1.0, 1.0e45]]])
     x = torch.tensor([[[1.0, math.inf]]], dtype=torch.float32)
     d = measure(x, tr, dtype="float32")
     assert d.n_kernel_nonfinite_in_domain == 0
@@ -409,16 +420,17 @@ def test_overflow_within_the_error_bound_is_not_held_against_the_kernel():
 
 
 def test_baseline_ratio_with_an_exact_baseline_uses_the_floor():
-    out = torch.ones(1, 1, 4, dtype=torch.float64)  # depth 3: bound = 4 u + tiny
-    x = out + t64([[[0.0, 0.0, 8 * U32, 0.0]]])  # cond 2
+    out = torch.ones(1, 1, 4, dtype=torch.float64)  # depth 3: bound ~ 4 u + tiny
+    x = out + t64([[[0.0, 0.0, 8 * U32, 0.0]]])  # cond ~ 2
+    two = 8 * U32 / valid_bound(1.0, 1.0, U32, 3, tiny=2.0**-126)
     d = measure(x, make_trace(out), dtype="float32", baseline=out.to(torch.float32))
     assert d.has_baseline and d.baseline_cond_max == 0.0 and d.baseline_max_abs == 0.0
-    assert d.cond_max == pytest.approx(2.0, rel=1e-15)
-    assert d.baseline_ratio == pytest.approx(2.0 / BASELINE_FLOOR, rel=1e-15)
+    assert d.cond_max == pytest.approx(two, rel=1e-15) and two == pytest.approx(2.0, rel=1e-6)
+    assert d.baseline_ratio == pytest.approx(two / BASELINE_FLOOR, rel=1e-15)
     # a baseline with 4x the error: the ratio is 1/4
     b = out + t64([[[0.0, 32 * U32, 0.0, 0.0]]])
     d2 = measure(x, make_trace(out), dtype="float32", baseline=b)
-    assert d2.baseline_cond_max == pytest.approx(8.0, rel=1e-15)
+    assert d2.baseline_cond_max == pytest.approx(4 * two, rel=1e-15)
     assert d2.baseline_ratio == pytest.approx(0.25, rel=1e-15)
     assert d2.baseline_n_mismatch == 1 and d2.baseline_max_abs == 32 * U32
 
@@ -553,3 +565,17 @@ def test_retention_layout_with_one_batch_flattens_to_a_strided_view():
     d = measure(x, make_trace(out), dtype="float64", length_axis=1, baseline=out.clone())
     assert d.worst_index == (0, 2, 1, 0) and d.max_abs == 1.0 and d.n_compared == 24
     assert d.n_mismatch == 1 and d.baseline_cond_max == 0.0
+
+
+def test_nan_where_the_same_dtype_loop_is_nan_too_is_not_a_kernel_finding():
+    # the oracle is finite and in range, but a correct plain loop in the dtype is non-finite there too (an
+    # intermediate left the range): the kernel's NaN there is the dtype's limit, not its bug
+    out = t64([[[1.0, 2.0, 4.0]]])
+    x = torch.tensor([[[1.0, math.nan, 4.0]]], dtype=torch.float32)
+    loop = torch.tensor([[[1.0, math.inf, 4.0]]], dtype=torch.float32)
+    d = measure(x, make_trace(out), dtype="float32", baseline=loop)
+    assert d.n_kernel_nonfinite == 1 and d.n_kernel_nonfinite_in_domain == 0
+    assert d.n_out_of_domain == 1 and d.domain_cause == "loop_nonfinite"
+    # with a finite loop at that element the same NaN is the kernel's finding
+    d2 = measure(x, make_trace(out), dtype="float32", baseline=out.to(torch.float32))
+    assert d2.n_kernel_nonfinite_in_domain == 1 and d2.nonfinite_class == "kernel_nonfinite"

@@ -22,6 +22,7 @@ from harness.verdict import (
     Policy,
     Verdict,
     assert_equivalent,
+    domain_kind,
     format_failure,
     judge,
 )
@@ -205,7 +206,8 @@ def test_float64_is_held_to_float64_rounding():
     j64 = judge(d64)
     assert j64.verdict is Verdict.DIVERGENT and j64.rule == "cond"
     assert "float64 kernels are held to float64 rounding" in j64.why  # the worse baseline does not excuse it
-    assert d64.cond_max == pytest.approx(1e-10 / (5 * 2.0**-53), rel=1e-5)
+    # bound: u (1 + 4) / (1 - 5 u) for the kernel, plus u * growth for the float64 oracle's own rounding
+    assert d64.cond_max == pytest.approx(1e-10 / (6 * 2.0**-53), rel=1e-5)
     d32 = measure(x, make_trace(out), dtype="float32")
     assert judge(d32).verdict is Verdict.EQUIVALENT
     assert d32.cond_max == pytest.approx(1e-10 / (5 * U32), rel=1e-5)
@@ -354,3 +356,38 @@ def test_judging_a_stored_runner_record_again():
         judge({"kernel": "k"})
     with pytest.raises(InvalidArgument, match="n_elements"):
         judge({})
+
+
+# --------------------------------------------------------------------------------------------------
+# the precision domain (issue 19)
+
+
+def test_a_case_with_no_guaranteed_digit_is_out_of_domain_with_its_own_cause():
+    # bfloat16, growth 300 |out|: r = 2**-8 (300 + 3) > 1/2 everywhere, however wrong the kernel is
+    out = [[[1.0, 2.0, 4.0]]]
+    tr = make_trace(out, growth=[[[300.0, 600.0, 1200.0]]])
+    x = torch.tensor([[[1.5, math.nan, 9.0]]], dtype=torch.bfloat16)
+    d = measure(x, tr, dtype="bfloat16")
+    assert d.n_precision_exhausted == d.n_out_of_domain == 3 and d.n_in_domain == 0
+    assert d.domain_cause == "precision_exhausted" and d.precision_onset_t == 0
+    assert d.n_kernel_nonfinite == 1 and d.n_kernel_nonfinite_in_domain == 0  # NaN there is no finding
+    j = judge(d)
+    assert j.verdict is Verdict.OUT_OF_DOMAIN and j.rule == "no_domain"
+    assert "precision exhausted" in j.why and domain_kind(d) == "precision_exhausted"
+    # the same output where digits are left (growth |out|): divergent, the NaN first
+    d2 = measure(x, make_trace(out), dtype="bfloat16")
+    assert judge(d2).verdict is Verdict.DIVERGENT and d2.n_kernel_nonfinite_in_domain == 1
+
+
+def test_part_of_a_case_without_digits_leaves_the_rest_judged():
+    out = [[[1.0, 2.0, 4.0, 8.0]]]
+    tr = make_trace(out, growth=[[[1.0, 2.0, 1200.0, 2400.0]]])  # t = 2, 3 have no guaranteed digit
+    fine = torch.tensor([[[1.0, 2.0, 5.0, 1.0]]], dtype=torch.bfloat16)
+    j = judge(measure(fine, tr, dtype="bfloat16"))
+    assert j.verdict is Verdict.OUT_OF_DOMAIN and j.rule == "partial_domain" and "2 element(s) from t=2" in j.why
+    wrong = torch.tensor([[[1.0, 3.0, 4.0, 8.0]]], dtype=torch.bfloat16)  # t = 1 is wrong and has digits
+    d = measure(wrong, tr, dtype="bfloat16")
+    assert judge(d).verdict is Verdict.DIVERGENT and d.worst_t == 1
+    # the cause of an out_of_domain verdict: range overflow outranks lost digits
+    assert domain_kind({"n_out_of_domain": 5, "n_precision_exhausted": 2}) == "input_overflow"
+    assert domain_kind({"n_out_of_domain": 2, "n_precision_exhausted": 2}) == "precision_exhausted"
