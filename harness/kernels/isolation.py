@@ -1,0 +1,432 @@
+"""Running a kernel in a worker process, so that a crash or a hang costs one record, never the run.
+
+A kernel under test is untrusted: it may segfault, call ``os._exit``, abort in a CUDA assertion, loop
+forever or leave a thread running. By default (`DEFAULT_ISOLATION` ``"process"``) every call goes to a
+long-lived worker process of its own kernel (`Worker`), which the harness replaces when it dies:
+
+- the worker is forked from a ``forkserver`` that has imported torch and the harness once, so a
+  (re)start costs a fork, not a fresh interpreter; nothing the parent process did (threads, OpenMP
+  pools, a CUDA context) is inherited by it;
+- the worker loads the kernel itself, by reference (`KernelRef`): a registered name, a user target
+  (``path.py:fn`` / ``module:attr``) or a picklable module-level callable. ``TRITON_INTERPRET`` is set in
+  the worker (`harness.kernels.triton_interpreter.interpret_if_no_gpu`) before it loads anything;
+- tensors go both ways through shared memory (torch's multiprocessing reductions: the storage of an
+  input moves to shared memory in place and the worker maps the same pages), so a kernel that writes
+  its inputs is seen doing so by the parent's mutation check, and nothing large is pickled;
+- a worker that exits or is killed by a signal gives the ``crashed`` outcome, with the exit code or the
+  signal's name and the last lines the worker wrote to its stdout/stderr (kept in a log file); a call
+  that takes longer than the timeout kills the worker (``timeout``); a kernel that leaves a non-daemon
+  thread alive gets its worker replaced after the call (the thread would keep a process alive).
+  Workers ignore SIGINT: a Ctrl-C stops the harness, which then writes its partial report.
+
+``"in-process"`` (``harness check --in-process``) runs the kernel in the harness's own process, on a
+worker thread with the same timeout (a hang is abandoned, a crash ends the harness): the mode for
+stepping through a kernel with pdb or a debugger. A callable that cannot be loaded by reference (a
+closure, a lambda) always runs in-process; the record's ``isolation`` field says which mode ran it and why.
+
+Gradients (`harness.gradients`) run their backward in the same worker as the forward (`Worker.vjp`):
+the autograd graph never leaves the worker, only the input gradients come back.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import threading
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: "process" (a worker process per kernel) or "in-process" (a thread of the harness, for debugging).
+ISOLATION_MODES = ("process", "in-process")
+DEFAULT_ISOLATION = "process"
+#: Default per-call timeout in seconds.
+DEFAULT_TIMEOUT_S = 120.0
+#: How many workers stay alive at once (a sweep over many kernels closes the least recently used).
+MAX_WORKERS = 4
+#: How long a worker may take to start and load its kernel (imports of a third-party package included).
+START_TIMEOUT_S = 120.0
+#: Lines of the worker's output kept in a ``crashed`` record.
+TAIL_LINES = 12
+
+
+@dataclass
+class _Defaults:
+    isolation: str = DEFAULT_ISOLATION
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
+
+
+_DEFAULTS = _Defaults()
+
+
+def configure(*, isolation: str | None = None, timeout_s: float | None | type(...) = ...) -> None:
+    """Set the session's defaults (the CLI's ``--in-process`` / ``--timeout``, the pytest plugin's options)."""
+    if isolation is not None:
+        _DEFAULTS.isolation = validate_isolation(isolation)
+    if timeout_s is not ...:
+        _DEFAULTS.timeout_s = validate_timeout(timeout_s)
+
+
+def default_isolation() -> str:
+    return _DEFAULTS.isolation
+
+
+def default_timeout() -> float | None:
+    return _DEFAULTS.timeout_s
+
+
+def validate_isolation(value: str) -> str:
+    from harness.errors import InvalidArgument
+
+    if value not in ISOLATION_MODES:
+        raise InvalidArgument(f"isolation={value!r} is not a mode; expected one of {list(ISOLATION_MODES)}")
+    return value
+
+
+def validate_timeout(value: Any) -> float | None:
+    from harness.errors import InvalidArgument
+
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"timeout={value!r} is not a number; expected seconds > 0") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise InvalidArgument(f"timeout={value!r} must be a finite number of seconds > 0")
+    return seconds
+
+
+# ------------------------------------------------------------------------------------ kernel references
+@dataclass(frozen=True)
+class KernelRef:
+    """How a worker loads a kernel: ``kind`` is ``registered`` (a name), ``target`` or ``callable``."""
+
+    kind: str
+    value: Any
+    family: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.value if self.kind != "callable" else id(self.value), self.family)
+
+    def load(self) -> Callable:
+        if self.kind == "registered":
+            from harness.kernels import registry
+
+            return registry.get(self.value).callable()
+        if self.kind == "target":
+            from harness.kernels.registry import resolve_target
+
+            return resolve_target(self.value)
+        return self.value
+
+
+def user_target(spec) -> str | None:
+    """The ``module:attr`` / ``file.py:attr`` target a user kernel spec was made from, else None."""
+    name = getattr(spec, "name", "")
+    if getattr(spec, "source", None) == "user" and name.startswith("user.") and ":" in name:
+        return name.removeprefix("user.")
+    return None
+
+
+def kernel_ref(spec, fn: Callable | None = None) -> tuple[KernelRef | None, str]:
+    """(the reference a worker loads ``spec`` by, "") or (None, why it cannot be loaded in a worker).
+
+    ``fn``: a callable that stands in for the spec's (``run_case(kernel_fn=...)``).
+    """
+    from harness.kernels import registry
+
+    if fn is None:
+        try:
+            if registry.get(spec.name) is spec:
+                return KernelRef("registered", spec.name, spec.family.value), ""
+        except Exception:  # noqa: BLE001 - not registered: try the other ways
+            pass
+        target = user_target(spec)
+        if target is not None:
+            return KernelRef("target", target, spec.family.value), ""
+        fn = spec.callable()
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # noqa: BLE001 - a closure or lambda: only this process has it
+        return None, f"the callable cannot be loaded by reference in a worker ({type(exc).__name__})"
+    return KernelRef("callable", fn, spec.family.value), ""
+
+
+# ----------------------------------------------------------------------------------------- the worker
+def _describe(exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def differentiable(args: tuple, kwargs: dict, wanted) -> tuple[list, list]:
+    """``args`` (made a list; ``kwargs`` updated in place) with fresh leaves that require grad at
+    ``wanted`` (positions or keyword names), and those leaves in order."""
+    args, leaves = list(args), []
+    for key in wanted:
+        holder = args if isinstance(key, int) else kwargs
+        holder[key] = holder[key].detach().clone().requires_grad_(True)
+        leaves.append(holder[key])
+    return args, leaves
+
+
+def _leaked_threads() -> list[str]:
+    main = threading.main_thread()
+    return [t.name for t in threading.enumerate() if t is not main and t.is_alive() and not t.daemon]
+
+
+def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the worker process
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
+    from harness.kernels.triton_interpreter import interpret_if_no_gpu
+
+    interpret_if_no_gpu()  # before the kernel's package can import triton
+    import torch
+
+    try:
+        fn = ref.load()
+    except BaseException as exc:  # noqa: BLE001 - said to the parent, which records it
+        conn.send(("load_error", _describe(exc)))
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        op, grad, args, kwargs, extra = msg
+        try:
+            if op == "call":
+                with torch.set_grad_enabled(grad):
+                    value = fn(*args, **kwargs)
+                reply = (("ok", value.detach()) if isinstance(value, torch.Tensor)
+                         else ("value", type(value).__name__))
+            else:  # "vjp": extra = (the differentiated args: positions or keyword names, cotangent)
+                wanted, cot = extra
+                args, leaves = differentiable(args, kwargs, wanted)
+                with torch.enable_grad():
+                    out = fn(*args, **kwargs)
+                    grads = torch.autograd.grad(out, leaves, cot.to(out.dtype), allow_unused=True)
+                reply = ("ok", tuple(None if g is None else g.detach() for g in grads))
+        except BaseException as exc:  # noqa: BLE001 - any kernel failure is a finding
+            reply = ("raised", _describe(exc))
+        del args, kwargs
+        try:
+            conn.send((reply, _leaked_threads()))
+        except Exception as exc:  # noqa: BLE001 - e.g. an output torch cannot share
+            conn.send((("raised", f"the output cannot be sent back to the harness: {_describe(exc)}"),
+                       _leaked_threads()))
+
+
+_CONTEXT = None
+
+
+def _context():
+    """A forkserver context whose server has imported torch and this module once (cheap forks after)."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        import torch.multiprocessing  # noqa: F401 - registers the shared-memory reductions of tensors
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.multiprocessing", "harness.kernels.isolation"])
+        _CONTEXT = ctx
+    return _CONTEXT
+
+
+@contextlib.contextmanager
+def _without_main():
+    """Start a worker without re-running the harness's ``__main__`` in it.
+
+    multiprocessing re-imports the parent's main script in a new process (for pickled references into
+    it). A worker loads its kernel by reference and never needs it; a user's script without an
+    ``if __name__ == "__main__":`` guard (or one read from stdin) would otherwise run again in every
+    worker. The real module is back in place as soon as the process has started.
+    """
+    real = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real
+
+
+class WorkerCrashed(Exception):
+    """The worker died during a call; ``str()`` says how (exit code or signal, and its last lines)."""
+
+
+class WorkerTimeout(Exception):
+    """The call took longer than the timeout; the worker was killed."""
+
+
+class Worker:
+    """One worker process running one kernel, reused call after call until it crashes or hangs."""
+
+    def __init__(self, ref: KernelRef):
+        self.ref = ref
+        ctx = _context()
+        fd, self.log_path = tempfile.mkstemp(prefix="harness-worker-", suffix=".log")
+        os.close(fd)
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, ref, self.log_path),
+                                   name=f"harness-kernel-{ref.kind}", daemon=False)
+        with _without_main():
+            self.process.start()
+        child.close()
+        self.leaked: list[str] = []
+        status, value = self._receive(START_TIMEOUT_S, starting=True)
+        if status == "load_error":
+            self.close()
+            raise WorkerCrashed(f"the worker could not load the kernel: {value}")
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def tail(self, lines: int = TAIL_LINES) -> list[str]:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 8192))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return []
+        return [ln for ln in text.splitlines() if ln.strip()][-lines:]
+
+    def _death(self) -> str:
+        self.process.join(5)
+        code = self.process.exitcode
+        if code is None:
+            how = "stopped answering"
+        elif code < 0:
+            try:
+                how = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        tail = self.tail()
+        return f"worker process {how}" + (": last output: " + " | ".join(tail) if tail else " (no output)")
+
+    def _receive(self, timeout_s: float | None, *, starting: bool = False):
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = self.conn.poll(wait if wait is None or wait < 0.5 else 0.5)
+            if ready:
+                try:
+                    return self.conn.recv()
+                except (EOFError, OSError):
+                    message = self._death()
+                    self.close()
+                    raise WorkerCrashed(message) from None
+            if not self.process.is_alive():  # died without closing the pipe first
+                message = self._death()
+                self.close()
+                raise WorkerCrashed(message)
+            if deadline is not None and time.monotonic() >= deadline:
+                self.close()
+                if starting:
+                    raise WorkerCrashed(f"the worker did not start within {timeout_s:g} s")
+                raise WorkerTimeout(f"no result after {timeout_s:g} s")
+
+    def request(self, op: str, args: tuple, kwargs: dict, grad: bool, extra: Any, timeout_s: float | None):
+        """``(status, value)``: ``("ok", tensor or tuple)``, ``("value", type name)``, ``("raised", text)``.
+
+        Raises `WorkerCrashed` or `WorkerTimeout` (the worker is then gone).
+        """
+        try:
+            self.conn.send((op, grad, args, kwargs, extra))
+        except (BrokenPipeError, EOFError, OSError):
+            message = self._death()
+            self.close()
+            raise WorkerCrashed(message) from None
+        reply, leaked = self._receive(timeout_s)
+        if leaked:
+            self.leaked = leaked
+            self.close()  # a non-daemon thread would keep the worker alive; the next call gets a fresh one
+        return reply
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.process.kill()
+            except OSError:
+                pass
+            self.process.join(5)
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+
+_WORKERS: "collections.OrderedDict[tuple, Worker]" = collections.OrderedDict()
+_LOCK = threading.RLock()
+
+
+def worker_for(ref: KernelRef) -> Worker:
+    """The live worker of ``ref``, started (or restarted) when needed; least recently used ones closed."""
+    with _LOCK:
+        worker = _WORKERS.get(ref.key)
+        if worker is not None and worker.alive:
+            _WORKERS.move_to_end(ref.key)
+            return worker
+        _WORKERS.pop(ref.key, None)
+        while len(_WORKERS) >= MAX_WORKERS:
+            _, old = _WORKERS.popitem(last=False)
+            old.close()
+        worker = Worker(ref)
+        _WORKERS[ref.key] = worker
+        return worker
+
+
+def shutdown() -> None:
+    """Close every worker (at exit, and from tests)."""
+    with _LOCK:
+        while _WORKERS:
+            _, worker = _WORKERS.popitem()
+            worker.close()
+
+
+atexit.register(shutdown)
+
+
+def run(ref: KernelRef, op: str, args: tuple, kwargs: dict, *, grad: bool = False, extra: Any = None,
+        timeout_s: float | None = None) -> tuple[str, Any, str]:
+    """One call in ``ref``'s worker: ``(status, value, note)``, never raises for what the kernel does.
+
+    status: ``ok`` | ``value`` (not a tensor: value is its type name) | ``raised`` | ``timeout`` |
+    ``crashed``; ``note`` says when the worker was replaced after the call (a leaked thread).
+    """
+    with _LOCK:  # one call at a time per process, as in-process
+        try:
+            worker = worker_for(ref)
+            status, value = worker.request(op, args, kwargs, grad, extra, timeout_s)
+        except WorkerTimeout:
+            return "timeout", None, ""
+        except WorkerCrashed as exc:
+            return "crashed", str(exc), ""
+        note = ""
+        if worker.leaked:
+            note = f"the kernel left non-daemon threads running ({', '.join(worker.leaked)}); worker replaced"
+            _WORKERS.pop(ref.key, None)
+        return status, value, note
