@@ -356,7 +356,13 @@ class Worker:
             message = self._death()
             self.close()
             raise WorkerCrashed(message) from None
-        reply, leaked = self._receive(timeout_s)
+        try:
+            reply, leaked = self._receive(timeout_s)
+        except (WorkerCrashed, WorkerTimeout):
+            raise
+        except BaseException:  # e.g. Ctrl-C while waiting: the reply would arrive out of turn; start afresh
+            self.close()
+            raise
         if leaked:
             self.leaked = leaked
             self.close()  # a non-daemon thread would keep the worker alive; the next call gets a fresh one
