@@ -50,15 +50,6 @@ def _positive_int(name: str):
     return parse
 
 
-def _seconds(text: str) -> float:
-    from harness.kernels.isolation import validate_timeout
-
-    try:
-        return validate_timeout(text)
-    except InvalidArgument as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _dtype_list(text: str) -> tuple[str, ...]:
     from harness.kernels.contract import ALL_DTYPES
 
@@ -361,15 +352,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in ("check", "sweep", "replay", "gate"):
         add_report_options(sub.choices[name], cli=True, command=name)
-    for name in ("check", "sweep", "replay"):
-        sub.choices[name].add_argument(
-            "--timeout", type=_seconds, default=None, metavar="SECONDS",
-            help="per kernel call (default 120); a call that takes longer is a 'timeout' kernel_error, "
-                 "recorded once and not re-run")
-        sub.choices[name].add_argument(
-            "--in-process", action="store_true",
-            help="run kernels in the harness's own process, not a worker process per kernel: for debugging "
-                 "a kernel with pdb/breakpoint(); a kernel that crashes then ends the harness")
     for name in ("check", "sweep"):
         sub.choices[name].add_argument("--append", action="store_true",
                                        help="add this run's records to a --report-dir that already holds a run")

@@ -10,9 +10,12 @@ long-lived worker process of its own kernel (`Worker`), which the harness replac
 - the worker loads the kernel itself, by reference (`KernelRef`): a registered name, a user target
   (``path.py:fn`` / ``module:attr``) or a picklable module-level callable. ``TRITON_INTERPRET`` is set in
   the worker (`harness.kernels.triton_interpreter.interpret_if_no_gpu`) before it loads anything;
-- tensors go both ways through shared memory (torch's multiprocessing reductions: the storage of an
-  input moves to shared memory in place and the worker maps the same pages), so a kernel that writes
-  its inputs is seen doing so by the parent's mutation check, and nothing large is pickled;
+- tensors go both ways through one shared-memory arena per worker (`Arena`: a byte buffer both
+  processes map, handed to the worker once through torch's multiprocessing reductions): the harness
+  copies the inputs in (strides kept) and sends only their offsets, shapes and dtypes down the pipe;
+  the worker writes the output after them. Inputs the kernel wrote to are copied back, so the
+  harness's mutation check sees them. Nothing large is pickled, and no file descriptor is passed per
+  call (torch's per-tensor sharing cost ~25 ms a tensor here, the arena ~0.1 ms);
 - a worker that exits or is killed by a signal gives the ``crashed`` outcome, with the exit code or the
   signal's name and the last lines the worker wrote to its stdout/stderr (kept in a log file); a call
   that takes longer than the timeout kills the worker (``timeout``); a kernel that leaves a non-daemon
@@ -187,6 +190,111 @@ def _leaked_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t is not main and t.is_alive() and not t.daemon]
 
 
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where one tensor lies in the arena: byte offset, shape, strides (elements), dtype, device."""
+
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    device: str
+
+    @staticmethod
+    def span(shape, stride) -> int:
+        """Elements of storage a tensor of ``shape`` and ``stride`` reaches (0 when it is empty)."""
+        if any(n == 0 for n in shape):
+            return 0
+        return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+class Arena:
+    """A shared byte buffer both processes map; tensors are copied in at 64-byte aligned offsets."""
+
+    def __init__(self, nbytes: int, buffer=None):
+        import torch
+
+        self.buffer = buffer if buffer is not None else torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+        self.cursor = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel()
+
+    @staticmethod
+    def needed(tensors) -> int:
+        return sum(_Slot.span(t.shape, t.stride()) * t.element_size() + _ALIGN for t in tensors)
+
+    def view(self, slot: _Slot):
+        import torch
+
+        dtype = getattr(torch, slot.dtype)
+        size = _Slot.span(slot.shape, slot.stride) * torch.empty((), dtype=dtype).element_size()
+        flat = self.buffer[slot.offset:slot.offset + size].view(dtype)
+        return flat.as_strided(slot.shape, slot.stride)
+
+    def put(self, tensor) -> _Slot | None:
+        """Copy ``tensor`` in (its strides kept when it is dense, e.g. transposed); None when it does not fit."""
+        stride = tuple(tensor.stride())
+        if _Slot.span(tensor.shape, stride) != tensor.numel():  # gaps or overlaps (an expanded view)
+            tensor = tensor.contiguous()
+            stride = tuple(tensor.stride())
+        size = _Slot.span(tensor.shape, stride) * tensor.element_size()
+        offset = -(-self.cursor // _ALIGN) * _ALIGN
+        if offset + size > self.nbytes:
+            return None
+        slot = _Slot(offset, tuple(tensor.shape), stride, str(tensor.dtype).removeprefix("torch."),
+                     str(tensor.device))
+        self.cursor = offset + size
+        if size:
+            self.view(slot).copy_(tensor.detach())
+        return slot
+
+    def get(self, slot: _Slot, *, copy: bool):
+        """The tensor of ``slot`` on its device (a copy when ``copy``, else a view of the arena on the CPU)."""
+        view = self.view(slot)
+        if slot.device != "cpu":
+            return view.to(slot.device)
+        return view.clone() if copy else view
+
+
+def _pack(value, arena: Arena):
+    """``value`` with every CPU/CUDA tensor in it replaced by the `_Slot` it was copied to.
+
+    A tensor that does not fit, or lies on another device (``meta``), travels as itself (pickled).
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.device.type in ("cpu", "cuda"):
+            slot = arena.put(value)
+            if slot is not None:
+                return slot
+        return value.detach()
+    if isinstance(value, tuple):
+        return tuple(_pack(v, arena) for v in value)
+    if isinstance(value, list):
+        return [_pack(v, arena) for v in value]
+    if isinstance(value, dict):
+        return {k: _pack(v, arena) for k, v in value.items()}
+    return value
+
+
+def _unpack(value, arena: Arena, *, copy: bool):
+    if isinstance(value, _Slot):
+        return arena.get(value, copy=copy)
+    if isinstance(value, tuple):
+        return tuple(_unpack(v, arena, copy=copy) for v in value)
+    if isinstance(value, list):
+        return [_unpack(v, arena, copy=copy) for v in value]
+    if isinstance(value, dict):
+        return {k: _unpack(v, arena, copy=copy) for k, v in value.items()}
+    return value
+
+
 def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the worker process
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.dup2(fd, 1)
@@ -203,6 +311,7 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
         conn.send(("load_error", _describe(exc)))
         return
     conn.send(("ready", os.getpid()))
+    arena = None
     while True:
         try:
             msg = conn.recv()
@@ -210,7 +319,11 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
             return
         if msg is None:
             return
-        op, grad, args, kwargs, extra = msg
+        if msg[0] == "arena":
+            arena = Arena(0, buffer=msg[1])
+            continue
+        op, grad, args, kwargs, extra, cursor = msg
+        args, kwargs, extra = _unpack((args, kwargs, extra), arena, copy=False)
         try:
             if op == "call":
                 with torch.set_grad_enabled(grad):
@@ -227,6 +340,8 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
         except BaseException as exc:  # noqa: BLE001 - any kernel failure is a finding
             reply = ("raised", _describe(exc))
         del args, kwargs
+        arena.cursor = cursor  # the output goes after the inputs
+        reply = (reply[0], _pack(reply[1], arena)) if reply[0] == "ok" else reply
         try:
             conn.send((reply, _leaked_threads()))
         except Exception as exc:  # noqa: BLE001 - e.g. an output torch cannot share
@@ -289,6 +404,7 @@ class Worker:
             self.process.start()
         child.close()
         self.leaked: list[str] = []
+        self.arena: Arena | None = None
         status, value = self._receive(START_TIMEOUT_S, starting=True)
         if status == "load_error":
             self.close()
@@ -350,8 +466,15 @@ class Worker:
 
         Raises `WorkerCrashed` or `WorkerTimeout` (the worker is then gone).
         """
+        tensors = _tensors((args, kwargs, extra))
+        need = 2 * Arena.needed(tensors) + (1 << 16)  # inputs, and room for an output as large
         try:
-            self.conn.send((op, grad, args, kwargs, extra))
+            if self.arena is None or self.arena.nbytes < need:
+                self.arena = Arena(max(need, 1 << 22))
+                self.conn.send(("arena", self.arena.buffer))
+            self.arena.cursor = 0
+            packed = _pack((args, kwargs, extra), self.arena)
+            self.conn.send((op, grad, *packed, self.arena.cursor))
         except (BrokenPipeError, EOFError, OSError):
             message = self._death()
             self.close()
@@ -363,6 +486,8 @@ class Worker:
         except BaseException:  # e.g. Ctrl-C while waiting: the reply would arrive out of turn; start afresh
             self.close()
             raise
+        _copy_back(tensors, _tensors(packed), self.arena)
+        reply = (reply[0], _unpack(reply[1], self.arena, copy=True))
         if leaked:
             self.leaked = leaked
             self.close()  # a non-daemon thread would keep the worker alive; the next call gets a fresh one
@@ -385,6 +510,41 @@ class Worker:
             pass
 
 
+def _tensors(value) -> list:
+    """The tensors (or slots) in nested tuples, lists and dicts, in a stable order."""
+    import torch
+
+    if isinstance(value, (torch.Tensor, _Slot)):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _copy_back(originals: list, slots: list, arena: Arena) -> None:
+    """Write back into the harness's inputs what the kernel wrote into their arena copies."""
+    for original, slot in zip(originals, slots):
+        if not isinstance(slot, _Slot):
+            continue
+        now = arena.view(slot)
+        if not _bitwise_equal(original, now):
+            try:
+                original.copy_(now.to(original.device))
+            except RuntimeError:  # an expanded (stride 0) input cannot be written element by element
+                pass
+
+
+def _bitwise_equal(x, y) -> bool:
+    import torch
+
+    if x.device != y.device:
+        y = y.to(x.device)
+    return bool(torch.equal(x, y) or torch.equal(torch.isnan(x), torch.isnan(y))
+                and torch.equal(torch.nan_to_num(x, nan=0.0), torch.nan_to_num(y, nan=0.0)))
+
+
 _WORKERS: "collections.OrderedDict[tuple, Worker]" = collections.OrderedDict()
 _LOCK = threading.RLock()
 
@@ -400,6 +560,7 @@ def worker_for(ref: KernelRef) -> Worker:
         while len(_WORKERS) >= MAX_WORKERS:
             _, old = _WORKERS.popitem(last=False)
             old.close()
+        _close_at_exit()
         worker = Worker(ref)
         _WORKERS[ref.key] = worker
         return worker
@@ -413,7 +574,18 @@ def shutdown() -> None:
             worker.close()
 
 
-atexit.register(shutdown)
+_ATEXIT = False
+
+
+def _close_at_exit() -> None:
+    """Register `shutdown` at exit, after multiprocessing's own exit handler (atexit runs handlers last
+    in, first out): that handler joins every non-daemon child, and would wait forever on a live worker."""
+    global _ATEXIT
+    if not _ATEXIT:
+        import multiprocessing.util  # noqa: F401 - registers its handler first, if it has not yet
+
+        atexit.register(shutdown)
+        _ATEXIT = True
 
 
 def run(ref: KernelRef, op: str, args: tuple, kwargs: dict, *, grad: bool = False, extra: Any = None,
