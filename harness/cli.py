@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -33,8 +34,31 @@ class Interrupted(KeyboardInterrupt):
         self.reason = reason
 
 
-def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
-    raise Interrupted("terminated (SIGTERM)")
+#: Set by the signal handler: the reason the run was interrupted (None while it runs).
+_INTERRUPTED: list[str] = []
+
+
+def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
+    """SIGINT/SIGTERM: note it, and raise where the main thread is now.
+
+    The raise can land where Python swallows it (a gc callback, a ``__del__``); the note makes the run
+    stop at its next record anyway (`_Interruptible`).
+    """
+    reason = "interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)"
+    _INTERRUPTED.append(reason)
+    raise Interrupted(reason)
+
+
+class _Interruptible:
+    """A store that raises `Interrupted` after the record it appends once a signal has been noted."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def append(self, record) -> None:
+        self.store.append(record)
+        if _INTERRUPTED:
+            raise Interrupted(_INTERRUPTED[0])
 
 
 def _positive_int(name: str):
@@ -158,9 +182,9 @@ def cmd_check(args) -> int:
         with RunStore(run_dir, header=environment(args.profile)) as store:
             result = check(args.kernel, family=args.family, profile=args.profile, dtypes=args.dtypes,
                            device=args.device, max_length=args.max_length, max_examples=args.max_examples,
-                           policy=_policy(args), store=store,
+                           policy=_policy(args), store=_Interruptible(store),
                            counterexample_dir=Path(args.cases_dir) if args.cases_dir else None)
-    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_sigterm
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (_on_signal)
         return _finish_partial(run_dir, getattr(exc, "reason", "interrupted (SIGINT)"))
     status = _finish_run(run_dir, result.records)
     if result.message:
@@ -180,11 +204,11 @@ def cmd_sweep(args) -> int:
     options = RunOptions(policy=_policy(args))
     try:
         with RunStore(run_dir, header=environment(f"sweep:{sweep.name}")) as store:
-            records = run_cases(sweep.cases(), options, store=store,
+            records = run_cases(sweep.cases(), options, store=_Interruptible(store),
                                 progress=None if args.quiet else _progress)
             if sweep.pairs:
-                records += run_pairs(sweep, options, store=store)
-    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_sigterm
+                records += run_pairs(sweep, options, store=_Interruptible(store))
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (_on_signal)
         return _finish_partial(run_dir, getattr(exc, "reason", "interrupted (SIGINT)"))
     return _finish_run(run_dir, records)
 
@@ -362,10 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
     interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
-    import signal
-
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        if previous[sig] is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: leave it so
+            signal.signal(sig, _on_signal)
+    _INTERRUPTED.clear()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -381,7 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nharness: {getattr(exc, 'reason', 'interrupted (SIGINT)')}", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
