@@ -138,8 +138,13 @@ def _policy(args):
 def _finish_run(run_dir: Path, records: list[dict], *, quiet: bool = False) -> int:
     from harness.report import append_step_summary, build_report, summary_markdown
 
+    from harness.store import load_records
+
     build_report(run_dir)
-    summary = summary_markdown(records)
+    in_report = load_records(run_dir)  # what the report shows (with --append, earlier runs' records too)
+    summary = summary_markdown(in_report)
+    if len(in_report) != len(records):
+        summary += f"\n\n(this run added {len(records)} of the report's {len(in_report)} records: --append)"
     append_step_summary(summary)  # no-op unless $GITHUB_STEP_SUMMARY is set
     if not quiet:
         print(summary)
