@@ -26,39 +26,24 @@ from harness.errors import HarnessError, InvalidArgument
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM during a run; ``reason`` names the signal."""
-
-    def __init__(self, reason: str = "interrupted (SIGINT)"):
-        super().__init__(reason)
-        self.reason = reason
-
-
-#: Set by the signal handler: the reason the run was interrupted (None while it runs).
-_INTERRUPTED: list[str] = []
-
-
 def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
-    """SIGINT/SIGTERM: note it, and raise where the main thread is now.
+    """SIGINT/SIGTERM: ask the run to stop (`harness.kernels.isolation.request_stop`); raise nothing here."""
+    from harness.kernels.isolation import request_stop
 
-    The raise can land where Python swallows it (a gc callback, a ``__del__``); the note makes the run
-    stop at its next record anyway (`_Interruptible`).
-    """
-    reason = "interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)"
-    _INTERRUPTED.append(reason)
-    raise Interrupted(reason)
+    request_stop("interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)")
 
 
 class _Interruptible:
-    """A store that raises `Interrupted` after the record it appends once a signal has been noted."""
+    """A store that raises `Interrupted` after the record it appends once a stop has been requested."""
 
     def __init__(self, store):
         self.store = store
 
     def append(self, record) -> None:
+        from harness.kernels.isolation import raise_if_stopped
+
         self.store.append(record)
-        if _INTERRUPTED:
-            raise Interrupted(_INTERRUPTED[0])
+        raise_if_stopped()
 
 
 def _positive_int(name: str):
@@ -391,15 +376,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
     interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in previous:
-        if previous[sig] is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: leave it so
-            signal.signal(sig, _on_signal)
-    _INTERRUPTED.clear()
+    from harness.kernels.isolation import clear_stop
+
+    previous: dict = {}
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         _apply_isolation(args)
+        if args.command in ("check", "sweep"):  # a run: a signal stops it at the next record or kernel wait
+            clear_stop()
+            previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+            for sig, handler in previous.items():
+                if handler is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: leave it so
+                    signal.signal(sig, _on_signal)
         return args.func(args)
     except InvalidArgument as exc:
         print(f"harness: error: {exc}", file=sys.stderr)

@@ -115,9 +115,14 @@ def _run_with_timeout(fn: Callable[[], Any], timeout_s: float | None) -> tuple[s
         if _worker is None or _worker.pid != os.getpid():
             _worker = _Worker()
         _worker.jobs.put((fn, torch.is_grad_enabled(), box, done))
-        if not done.wait(timeout_s):
-            _worker = None
-            return "timeout", None
+        deadline = time.monotonic() + timeout_s
+        while not done.wait(min(isolation.POLL_S, max(0.0, deadline - time.monotonic()))):
+            if isolation.stop_requested():  # Ctrl-C: the stuck thread is left behind, as on a timeout
+                _worker = None
+                isolation.raise_if_stopped()
+            if time.monotonic() >= deadline:
+                _worker = None
+                return "timeout", None
     if "error" in box:
         return "raised", box["error"]
     return "ok", box.get("value")
@@ -153,6 +158,8 @@ def call_guarded(
     """Call ``fn(*args, **kwargs)`` (in ``worker``'s process when given) and check the contract on the output."""
     snapshots = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
     expected_device = torch.device(expected_device)
+    if worker is not None:
+        isolation.warm(worker)  # a worker's start is not the kernel's time
     start = time.perf_counter()
     status, value, note = execute(fn, args, kwargs, timeout_s, worker=worker)
     seconds = time.perf_counter() - start

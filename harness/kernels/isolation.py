@@ -381,6 +381,41 @@ def _without_main():
         sys.modules["__main__"] = real
 
 
+class Interrupted(KeyboardInterrupt):
+    """The run was asked to stop (SIGINT, SIGTERM); ``reason`` names the signal."""
+
+    def __init__(self, reason: str = "interrupted (SIGINT)"):
+        super().__init__(reason)
+        self.reason = reason
+
+
+_STOP: list[str] = []
+
+
+def request_stop(reason: str) -> None:
+    """Ask the run to stop: a wait for a kernel raises `Interrupted` within `POLL_S`, and the CLI's store
+    raises it after the next record. Safe to call from a signal handler (it raises nothing there: an
+    exception raised in a handler can land in a gc callback, which swallows it with a traceback)."""
+    _STOP.append(reason)
+
+
+def stop_requested() -> str | None:
+    return _STOP[0] if _STOP else None
+
+
+def clear_stop() -> None:
+    _STOP.clear()
+
+
+def raise_if_stopped() -> None:
+    if _STOP:
+        raise Interrupted(_STOP[0])
+
+
+#: How often a wait for a kernel looks for a stop request, in seconds.
+POLL_S = 0.2
+
+
 class WorkerCrashed(Exception):
     """The worker died during a call; ``str()`` says how (exit code or signal, and its last lines)."""
 
@@ -443,7 +478,8 @@ class Worker:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = self.conn.poll(wait if wait is None or wait < 0.5 else 0.5)
+            raise_if_stopped()
+            ready = self.conn.poll(POLL_S if wait is None or wait > POLL_S else wait)
             if ready:
                 try:
                     return self.conn.recv()
@@ -586,6 +622,16 @@ def _close_at_exit() -> None:
 
         atexit.register(shutdown)
         _ATEXIT = True
+
+
+def warm(ref: KernelRef) -> None:
+    """Start ``ref``'s worker now if it is not running, so that its start is not timed as the kernel's
+    (a worker that fails to start is reported by the `run` that follows)."""
+    with _LOCK:
+        try:
+            worker_for(ref)
+        except WorkerCrashed:
+            pass
 
 
 def run(ref: KernelRef, op: str, args: tuple, kwargs: dict, *, grad: bool = False, extra: Any = None,
