@@ -55,14 +55,7 @@ class CallResult:
 DEFAULT_TIMEOUT_S = isolation.DEFAULT_TIMEOUT_S
 
 
-def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Bit-for-bit equality that treats NaN as equal to NaN in the same place."""
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    return bool(torch.equal(x, y) or torch.equal(torch.nan_to_num(x, nan=0.0), torch.nan_to_num(y, nan=0.0))
-                and torch.equal(torch.isnan(x), torch.isnan(y)))
-
-
+_same = isolation.same_bits
 _describe = isolation._describe
 
 

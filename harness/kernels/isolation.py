@@ -565,20 +565,23 @@ def _copy_back(originals: list, slots: list, arena: Arena) -> None:
         if not isinstance(slot, _Slot):
             continue
         now = arena.view(slot)
-        if not _bitwise_equal(original, now):
+        if not same_bits(original, now):
             try:
                 original.copy_(now.to(original.device))
             except RuntimeError:  # an expanded (stride 0) input cannot be written element by element
                 pass
 
 
-def _bitwise_equal(x, y) -> bool:
+def same_bits(x, y) -> bool:
+    """Bit-for-bit equality (shape and dtype included) that treats NaN as equal to NaN in the same place."""
     import torch
 
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
     if x.device != y.device:
         y = y.to(x.device)
-    return bool(torch.equal(x, y) or torch.equal(torch.isnan(x), torch.isnan(y))
-                and torch.equal(torch.nan_to_num(x, nan=0.0), torch.nan_to_num(y, nan=0.0)))
+    return bool(torch.equal(x, y) or torch.equal(torch.nan_to_num(x, nan=0.0), torch.nan_to_num(y, nan=0.0))
+                and torch.equal(torch.isnan(x), torch.isnan(y)))
 
 
 _WORKERS: "collections.OrderedDict[tuple, Worker]" = collections.OrderedDict()
