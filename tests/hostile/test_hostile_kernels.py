@@ -128,7 +128,10 @@ def test_an_interrupted_run_keeps_its_records_and_says_it_is_partial(tmp_path, s
     proc = subprocess.Popen([sys.executable, "-m", "harness", "check", "--family", "linear_scan", "--kernel",
                              f"{KERNELS}:slow", "--profile", "ci", "--dtypes", "float32", "--max-length", "16",
                              "--max-examples", "200", "--report-dir", "run"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # an xdist worker ignores SIGINT, and a child inherits that (the harness then
+                            # leaves it ignored, as a background job's): give the child the default back
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     records = tmp_path / "run" / "records.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not records.is_file() or len(records.read_text().splitlines()) < 2):
