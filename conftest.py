@@ -18,8 +18,8 @@ register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", DEFAULT_PROFILE))
 
 # The suite runs its kernels (the harness's own and pinned third-party ones) in-process: on 2 busy
-# cores a worker process per kernel made tests/test_kernel_suite.py + tests/test_planted_bugs.py take
-# 198 s instead of 68 s (docs/isolation.md). The CLI and the plugin elsewhere default to worker
+# cores a worker process per kernel made `make test` take 381 s of pytest time instead of 208 s
+# (docs/isolation.md). The CLI and the plugin elsewhere default to worker
 # processes; the tests of isolation ask for it (RunOptions(isolation="process")), and
 # HARNESS_ISOLATION=process runs the whole suite isolated.
 configure_isolation(isolation=os.environ.get("HARNESS_ISOLATION", "in-process"))
