@@ -63,11 +63,48 @@ class CheckResult:
         return 0 if self.passed else 1
 
 
+def validate_limits(*, max_examples: int | None = None, max_length: int | None = None,
+                    dtypes: "tuple[str, ...] | None" = None) -> None:
+    """Raise `InvalidArgument` for a limit that would otherwise mean something else silently.
+
+    ``None`` means "the profile's default"; 0, a negative number or an empty dtype list is an error (it
+    never means the default, nor "run nothing").
+    """
+    for name, value in (("max_examples", max_examples), ("max_length", max_length)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InvalidArgument(f"{name}={value!r} must be a whole number >= 1; leave it out for the profile's "
+                                  "default")
+    if dtypes is not None:
+        if not dtypes or any(not d for d in dtypes):
+            raise InvalidArgument(f"dtypes={list(dtypes)!r} names no dtype; expected a non-empty subset of "
+                                  f"{list(ALL_DTYPES)}, or leave it out for every dtype the kernel declares")
+        bad = [d for d in dtypes if d not in ALL_DTYPES]
+        if bad:
+            raise InvalidArgument(f"dtypes={list(dtypes)!r} contains {bad}; expected a subset of {list(ALL_DTYPES)}")
+
+
+class _StopSearch(BaseException):
+    """Ends the hypothesis search at once (a `BaseException`, which hypothesis neither shrinks nor replays).
+
+    Raised after a ``timeout``: each further attempt would cost the full timeout, and shrinking a hang
+    finds no smaller bug; the timed-out case is recorded once and saved as it was drawn.
+    """
+
+
+def database_key(spec: KernelSpec, target: str | None) -> bytes:
+    """The example-database key of ``check`` on one kernel: its own, so that checking kernel B after A
+    does not replay A's failure first (one nested search function would give every kernel one key)."""
+    import hashlib
+
+    return hashlib.sha384(f"harness.check:{spec.name}:{target}:{spec.family.value}".encode()).digest()
+
+
 def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = None, profile: str | None = None,
           dtypes: tuple[str, ...] | None = None, device: str = "cpu", max_length: int | None = None,
           max_examples: int | None = None, policy=None, store=None, counterexample_dir: Path | None = None,
           save_counterexample: bool = True, check_determinism: bool = True, grad: bool = True,
-          shrink_deadline_s: float | None = SHRINK_DEADLINE_S) -> CheckResult:
+          shrink_deadline_s: float | None = SHRINK_DEADLINE_S, timeout_s: "float | None | type(...)" = ...,
+          isolation: str | None = None) -> CheckResult:
     """Run the property-based search on one kernel; never raises for what the kernel does.
 
     ``grad``: also check, for each case whose forward is equivalent, the gradient of every differentiable
@@ -76,78 +113,92 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     forward and each input's gradient are separate records (kernel ``<name>:grad[<input>]``).
     ``shrink_deadline_s`` bounds the time spent shrinking after the first failure (None: hypothesis's
     own limits only); see `SHRINK_DEADLINE_S`.
+    ``timeout_s`` (seconds per call) and ``isolation`` (``"process"`` or ``"in-process"``) default to the
+    session's (`harness.kernels.isolation.configure`). A case that fails is recorded once: hypothesis's
+    replays of it (shrinking, the final report) reuse its record instead of calling the kernel again, so
+    a kernel whose output varies from call to call gets the ``nondeterministic`` outcome, never a
+    hypothesis ``Flaky`` error; a case that times out ends the search (`_StopSearch`).
     """
     import time
 
     from hypothesis import given, settings, target as hyp_target
+    from hypothesis.errors import Flaky
 
-    from harness.cases import save_counterexample as _save_case
+    from harness.cases import counterexample_path, save_counterexample as _save_case
     from harness.gradients import gradient_case
+    from harness.kernels import isolation as _isolation
     from harness.runner import RunOptions, run_case as _run_case
     from harness.settings import active_profile, limits, register_profiles
     from harness.strategies import problems
     from harness.verdict import Policy, format_failure as _format_failure, judge
 
     register_profiles()
+    validate_limits(max_examples=max_examples, max_length=max_length, dtypes=dtypes)
+    if shrink_deadline_s is not None and not shrink_deadline_s >= 0:
+        raise InvalidArgument(f"shrink_deadline_s={shrink_deadline_s!r} must be a number >= 0 or None (no deadline)")
     spec = user_kernel_spec(fn, family=family)
-    if dtypes:
-        bad = [d for d in dtypes if d not in ALL_DTYPES]
-        if bad:
-            raise InvalidArgument(f"dtypes={list(dtypes)!r} contains {bad}; expected a subset of {list(ALL_DTYPES)}")
     reason = spec.unavailable_reason()
     if reason:
         raise InvalidArgument(f"kernel {spec.name!r} is unavailable here: {reason}")
     profile = profile or active_profile()
     lim = limits(profile)
-    options = RunOptions(policy=policy or Policy(), check_determinism=check_determinism)
+    options = RunOptions(policy=policy or Policy(), check_determinism=check_determinism,
+                         timeout_s=_isolation.default_timeout() if timeout_s is ... else
+                         _isolation.validate_timeout(timeout_s),
+                         isolation=_isolation.validate_isolation(isolation or _isolation.default_isolation()))
     result = CheckResult()
     slow = spec.capabilities.slow  # interpreted (Triton on the CPU): the profile's few, short cases
     examples = max_examples or (lim.slow_max_examples if slow else lim.max_examples)
     if max_length is None and slow:
         max_length = lim.slow_max_length
-    if shrink_deadline_s is not None and not shrink_deadline_s >= 0:
-        raise InvalidArgument(f"shrink_deadline_s={shrink_deadline_s!r} must be a number >= 0 or None (no deadline)")
+    target = fn if isinstance(fn, str) else None
+    where = None
+    if save_counterexample:
+        where = counterexample_path(spec.name, spec.family.value, directory=counterexample_dir, kernel_target=target)
+    failed: dict[str, dict[str, Any]] = {}  # problem key -> its failing record (hypothesis replays failures)
+    problem_of: dict[str, Any] = {}
     first_failure: list[float] = []  # when the first failure was seen: the shrink phase starts there
-    failures: dict[str, dict[str, Any]] = {}  # problem key -> its failing record
 
     run_case = _with_gradients(_run_case, gradient_case, spec, result, store) if grad else _run_case
     _save = _forward_only(_save_case)  # `harness replay` re-runs forwards: no saved case for a gradient
     format_failure = _naming_gradients(_format_failure)
 
+    def fail(record: dict[str, Any]):
+        result.failure = record
+        replay = f"harness replay {where}" if where is not None else record["replay"]
+        if where is not None and target is not None:
+            import shlex
+
+            replay = f"harness replay {shlex.quote(str(where))} --kernel {shlex.quote(target)}"
+        return DivergenceError(format_failure(record, judge(record, options.policy), replay=replay))
+
     @settings(settings.get_profile(profile), max_examples=examples)
     @given(problems(spec, dtypes=dtypes, device=device, max_length=max_length, profile=profile))
     def search(problem):
         key = problem.key
-        if (first_failure and shrink_deadline_s is not None
-                and time.monotonic() - first_failure[0] > shrink_deadline_s):
-            # past the shrink deadline: a failure seen before fails again (hypothesis replays its best),
-            # anything new passes without running, so shrinking ends at once
-            if key not in failures:
+        record = failed.get(key)
+        if record is None:
+            if (first_failure and shrink_deadline_s is not None
+                    and time.monotonic() - first_failure[0] > shrink_deadline_s):
+                # past the shrink deadline: a failure seen before fails again (hypothesis replays its
+                # best), anything new passes without running, so shrinking ends at once
                 result.shrink_stopped = True
                 return
-        elif key not in failures:
             record = run_case(spec, problem, options, store=store)
             result.records.append(record)
             cond = record.get("cond_max")
             if isinstance(cond, (int, float)) and cond == cond and cond != float("inf"):
                 hyp_target(float(cond), label="cond_max")
-            if record["verdict"] not in FAILING_VERDICTS:
-                return
-            if not first_failure:
-                first_failure.append(time.monotonic())
-            failures[key] = record
-        # one raise for every failure (hypothesis tells failures apart by where they are raised); the
-        # counterexample file is (re)written each time, so it holds the case hypothesis ends with
-        record = failures[key]
-        counterexample = None
-        if save_counterexample:
-            counterexample = _save(record, problem, directory=counterexample_dir,
-                                   kernel_target=fn if isinstance(fn, str) else None)
-        replay = f"harness replay {counterexample}" if counterexample else record["replay"]
-        message = format_failure(record, judge(record, options.policy), replay=replay)
-        result.failure, result.counterexample = record, counterexample
-        raise DivergenceError(message)
+            if record["verdict"] in FAILING_VERDICTS:
+                failed[key], problem_of[key] = record, problem
+                first_failure[:] = first_failure or [time.monotonic()]
+                if record.get("outcome") == "timeout":
+                    result.failure = record
+                    raise _StopSearch()
+        if record["verdict"] in FAILING_VERDICTS:
+            raise fail(record)  # one place: hypothesis tells failures apart by where they are raised
 
+    search._hypothesis_internal_database_key = database_key(spec, target)
     try:
         search()
         result.failure = None
@@ -156,6 +207,21 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
         if result.shrink_stopped:
             result.message += (f"\nShrinking stopped at the {shrink_deadline_s:g} s deadline: this is the smallest "
                                "failing case found by then.")
+    except _StopSearch:
+        result.message = str(fail(result.failure)) + (
+            "\n(The search stopped at this case: a call that does not return within the timeout is not "
+            "shrunk or re-run; --timeout SECONDS sets the limit.)")
+    except Flaky as exc:  # a failure that did not repeat although the record cache replays it: say so
+        record = dict(result.failure or (result.records[-1] if result.records else {}))
+        record.update(outcome="nondeterministic", verdict="kernel_error", cause="nondeterministic",
+                      error=f"hypothesis saw this kernel fail and then pass on the same inputs ({type(exc).__name__})")
+        result.failure = record
+        result.message = str(fail(record))
+    if result.failure is not None and where is not None:
+        problem = problem_of.get(result.failure.get("case"))
+        if problem is not None:
+            result.counterexample = _save(result.failure, problem, directory=counterexample_dir,
+                                          kernel_target=target)
     return result
 
 

@@ -11,9 +11,11 @@ and optional kernel pairs compared directly (differential mode). `harness sweep 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
+import shlex
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,16 +39,29 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:80]
 
 
+def counterexample_path(kernel: str, family: str, *, directory: Path | None = None,
+                        kernel_target: str | None = None) -> Path:
+    """Where the counterexample of one kernel (and target) and family is saved.
+
+    ``<slug>--<family>--<hash>.json``: the slug keeps the name readable, the hash of the full kernel
+    name, target and family keeps two kernels whose names share their first 80 characters (or differ
+    only in characters the slug drops) from writing the same file. The same kernel and family always
+    map to the same file, so a later, smaller counterexample replaces the earlier one.
+    """
+    digest = hashlib.sha256(json.dumps([kernel, kernel_target, family]).encode()).hexdigest()[:10]
+    return Path(directory or COUNTEREXAMPLES_DIR) / f"{_slug(kernel)}--{family}--{digest}.json"
+
+
 def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: Path | None = None,
                         expect: str = "equivalent", kernel_target: str | None = None) -> Path:
-    """Write (overwrite) the counterexample of ``record``'s kernel and family.
+    """Write (overwrite) the counterexample of ``record``'s kernel and family (`counterexample_path`).
 
     Hypothesis replays the shrunk example last, so overwriting on every failure leaves the minimal one.
     ``kernel_target`` (``path.py:attr``) is stored for kernels that are not registered by name.
     """
-    directory = Path(directory or COUNTEREXAMPLES_DIR)
-    directory.mkdir(parents=True, exist_ok=True)
     kernel = record["kernel"]
+    path = counterexample_path(kernel, problem.family.value, directory=directory, kernel_target=kernel_target)
+    path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "kernel": kernel,
         "kernel_target": kernel_target,
@@ -56,7 +71,6 @@ def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: 
         "found": {k: record.get(k) for k in _KEPT_METRICS if k in record},
         "n_elements": problem.n_elements(),
     }
-    path = directory / f"{_slug(kernel)}--{problem.family.value}.json"
     path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     return path
 
@@ -71,28 +85,63 @@ class SavedCase:
     found: dict[str, Any]
 
 
+def problem_from_json(data: Any, where: str) -> Problem:
+    """A `Problem` from decoded JSON, or `InvalidArgument` naming ``where``, the field and the value."""
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{where}: problem={data!r} is a {type(data).__name__}; expected a JSON object")
+    try:
+        return Problem.from_dict(data)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{where}: {exc}") from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise InvalidArgument(f"{where}: the problem is not valid ({type(exc).__name__}: {exc}); expected the "
+                              "fields of harness.problems.Problem with their types (ints, floats, strings)") from None
+
+
 def load_case(path: str | Path) -> SavedCase:
+    """A saved case, or `InvalidArgument` saying what is wrong with the file (never a traceback)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"case file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                              "expected a JSON case file") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidArgument(f"case file {str(path)!r} cannot be read as JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"case file {str(path)!r} holds a JSON {type(data).__name__}; expected an object "
+                              "with 'kernel' and 'problem'")
     for key in ("kernel", "problem"):
         if key not in data:
             raise InvalidArgument(f"case file {str(path)!r} has no {key!r} field")
-    return SavedCase(path, data["kernel"], data.get("kernel_target"), Problem.from_dict(data["problem"]),
-                     data.get("expect", "equivalent"), data.get("found", {}))
+    for key in ("kernel", "kernel_target", "expect"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise InvalidArgument(f"case file {str(path)!r}: {key}={data[key]!r} is not a string")
+    found = data.get("found", {})
+    return SavedCase(path, data["kernel"], data.get("kernel_target"), problem_from_json(data["problem"], str(path)),
+                     data.get("expect", "equivalent"), found if isinstance(found, dict) else {})
 
 
 def saved_cases(directory: Path | None = None) -> list[Path]:
     return sorted(Path(directory or COUNTEREXAMPLES_DIR).glob("*.json"))
 
 
-def resolve_kernel(name: str, target: str | None = None, family: str | None = None) -> KernelSpec:
-    """A registered kernel by name, or a user kernel from ``target`` (``module:attr`` / ``file.py:attr``)."""
+def resolve_kernel(name: str, target: str | None = None, family: str | None = None, *,
+                   trust: bool = False, kernel: str | None = None) -> KernelSpec:
+    """The kernel a case names: registered by ``name``, or a user kernel from ``target``.
+
+    A case file is data: its ``target`` (``module:attr`` / ``file.py:attr``) names code, which is
+    imported only when the user says so: ``trust`` (``--trust-case-file``), or ``kernel`` (the
+    ``--kernel`` given on the command line) equal to it. Otherwise `InvalidArgument` says how to run it.
+    """
     from harness.kernels import registry
 
     if target:
+        if not (trust or kernel == target):
+            raise InvalidArgument(
+                f"kernel_target={target!r}: the case file names code to import, which replay does not do on its "
+                f"own (a case file is data); pass --kernel {shlex.quote(target)} to run that kernel, or "
+                "--trust-case-file to import what the file names")
         from harness.api import user_kernel_spec
 
         return user_kernel_spec(target, family=family, name=name)
@@ -203,24 +252,78 @@ def sweep_path(name: str) -> Path:
     return candidate
 
 
+#: The keys a sweep file may hold: at its top level, and in a group (or a one-grid file's top level).
+SWEEP_KEYS = frozenset({"name", "description", "pairs", "group", "answer"})
+GROUP_KEYS = frozenset({"kernels", "grid", "fixed"})
+
+
+def _check_keys(data: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise InvalidArgument(f"sweep {where}: unknown key(s) {unknown}; expected some of {sorted(allowed)}")
+
+
 def _group(data: dict[str, Any], where: str) -> SweepGroup:
+    import dataclasses
+
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"sweep {where} is a {type(data).__name__}; expected a table")
+    _check_keys(data, GROUP_KEYS, where)
     for key in ("kernels", "grid"):
         if key not in data:
             raise InvalidArgument(f"sweep {where} has no {key!r} entry")
-    grid = {k: list(v) if isinstance(v, list) else [v] for k, v in data["grid"].items()}
-    return SweepGroup(kernels=list(data["kernels"]), grid=grid, fixed=dict(data.get("fixed", {})))
+    kernels, grid, fixed = data["kernels"], data["grid"], data.get("fixed", {})
+    if not isinstance(kernels, list) or not kernels or not all(isinstance(k, str) for k in kernels):
+        raise InvalidArgument(f"sweep {where}: kernels={kernels!r}; expected a non-empty list of kernel names")
+    for key, value in (("grid", grid), ("fixed", fixed)):
+        if not isinstance(value, dict):
+            raise InvalidArgument(f"sweep {where}: {key}={value!r}; expected a table of problem fields")
+    fields = {f.name for f in dataclasses.fields(Problem)} - {"family", "values"}
+    for key, value in (("grid", grid), ("fixed", fixed)):
+        _check_keys(value, frozenset(fields), f"{where} [{key}]")
+    grid = {k: list(v) if isinstance(v, list) else [v] for k, v in grid.items()}
+    empty = sorted(k for k, v in grid.items() if not v)
+    if empty:
+        raise InvalidArgument(f"sweep {where}: grid {empty} empty; expected at least one value each")
+    group = SweepGroup(kernels=list(kernels), grid=grid, fixed=dict(fixed))
+    from harness.kernels import registry
+
+    try:
+        family = registry.get(kernels[0]).family
+        next(group.problems(family), None)  # names and field types, checked once before any kernel runs
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"sweep {where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"sweep {where}: a grid or fixed value has the wrong type ({exc})") from None
+    return group
 
 
 def load_sweep(name: str) -> Sweep:
-    """A sweep file: either one grid (kernels, [grid], [fixed]) or several ``[[group]]`` tables."""
+    """A sweep file: either one grid (kernels, [grid], [fixed]) or several ``[[group]]`` tables.
+
+    A file that is not TOML, or holds a key the harness does not know (a typo would otherwise be
+    ignored silently), is an `InvalidArgument` naming the file and the key.
+    """
     path = sweep_path(name)
-    data = tomllib.loads(path.read_text())
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"sweep file {str(path)!r} is not UTF-8 text ({exc.reason}); expected TOML") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidArgument(f"sweep file {str(path)!r} is not valid TOML: {exc}") from None
     if "group" in data:
+        _check_keys(data, SWEEP_KEYS, str(path))
+        if not isinstance(data["group"], list):
+            raise InvalidArgument(f"sweep {path}: group={data['group']!r}; expected [[group]] tables")
         groups = [_group(g, f"{path}: group {i}") for i, g in enumerate(data["group"])]
     else:
-        groups = [_group(data, str(path))]
+        _check_keys(data, SWEEP_KEYS | GROUP_KEYS, str(path))
+        groups = [_group({k: v for k, v in data.items() if k in GROUP_KEYS}, str(path))]
+    pairs = data.get("pairs", [])
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise InvalidArgument(f"sweep {path}: pairs={pairs!r}; expected a list of [kernel_a, kernel_b]")
     sweep = Sweep(name=data.get("name", path.stem), description=data.get("description", ""), groups=groups,
-                  pairs=[tuple(p) for p in data.get("pairs", [])])
+                  pairs=[tuple(p) for p in pairs])
     if "answer" in data:
         from harness.answers import parse_answers
 

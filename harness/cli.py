@@ -2,7 +2,13 @@
 
 Exit status: 0 when every case is equivalent (or out of domain: the inputs' finding, not the kernel's),
 1 when any case diverges or a kernel breaks its contract (or the gate fails), 2 for a usage or adapter
-error (unknown family, target not found, not callable, unavailable kernel).
+error (unknown family, target not found, not callable, unavailable kernel, a malformed file or
+argument), 130 when the run was interrupted (SIGINT or SIGTERM): the records taken so far are kept and
+the report is written, marked partial.
+
+Kernels run in a worker process each (see `harness.kernels.isolation`): a kernel that crashes or hangs
+costs one ``kernel_error`` record. ``--in-process`` runs them in the harness's own process instead, to
+step through a kernel with pdb (``breakpoint()`` in the kernel works there and only there).
 """
 
 from __future__ import annotations
@@ -10,13 +16,95 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from harness.errors import HarnessError, InvalidArgument
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
+    """SIGINT/SIGTERM: ask the run to stop (`harness.kernels.isolation.request_stop`); raise nothing here."""
+    from harness.kernels.isolation import request_stop
+
+    request_stop("interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)")
+
+
+class _Interruptible:
+    """A store that raises `Interrupted` after the record it appends once a stop has been requested."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def append(self, record) -> None:
+        from harness.kernels.isolation import raise_if_stopped
+
+        self.store.append(record)
+        raise_if_stopped()
+
+
+def _positive_int(name: str):
+    """An argparse ``type`` for a whole number >= 1 that names the option in its error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}={text!r} is not a whole number; expected an integer >= 1") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name}={value} must be >= 1; leave it out for the profile's default")
+        return value
+    return parse
+
+
+def _dtype_list(text: str) -> tuple[str, ...]:
+    from harness.kernels.contract import ALL_DTYPES
+
+    names = tuple(d.strip() for d in text.split(","))
+    if not text.strip() or any(not d for d in names):
+        raise argparse.ArgumentTypeError(f"--dtypes={text!r} names no dtype (or an empty one); expected a "
+                                         f"comma-separated subset of {','.join(ALL_DTYPES)}")
+    bad = [d for d in names if d not in ALL_DTYPES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--dtypes={text!r}: {bad} unknown; expected a subset of {','.join(ALL_DTYPES)}")
+    return names
+
+
+def _run_dir(args, name: str) -> Path:
+    """The run directory: ``--report-dir`` or a fresh stamped one; one that holds a run needs ``--append``."""
+    from harness.store import has_records
+
+    run_dir = Path(args.report_dir) if args.report_dir else _default_run_dir(name)
+    if has_records(run_dir) and not getattr(args, "append", False):
+        raise InvalidArgument(f"--report-dir={str(run_dir)!r} already holds the records of a run; pass --append to "
+                              "add this run's records to it, or choose another directory")
+    return run_dir
+
+
+def _apply_isolation(args) -> None:
+    from harness.kernels.isolation import configure
+
+    if getattr(args, "timeout", None) is not None:
+        configure(timeout_s=args.timeout)
+    if getattr(args, "in_process", False):
+        configure(isolation="in-process")
+
+
+def _finish_partial(run_dir: Path, reason: str) -> int:
+    """Mark the run partial, write its report from the records taken so far, exit 130."""
+    from harness.report import build_report
+    from harness.store import has_records, mark_partial
+
+    mark_partial(run_dir, reason)
+    if has_records(run_dir):
+        build_report(run_dir)
+        print(f"\nharness: {reason}; the records taken so far are kept and the report is marked partial: "
+              f"{run_dir / 'index.md'}", file=sys.stderr)
+    else:
+        print(f"\nharness: {reason} before any record was taken", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _default_run_dir(name: str) -> Path:
@@ -34,10 +122,13 @@ def _policy(args):
 
 def _finish_run(run_dir: Path, records: list[dict], *, quiet: bool = False) -> int:
     from harness.report import append_step_summary, build_report, run_summary_markdown
-    from harness.store import load_header
+    from harness.store import load_header, load_records
 
     build_report(run_dir)
-    summary = run_summary_markdown(records, load_header(run_dir))
+    in_report = load_records(run_dir)  # what the report shows (with --append, earlier runs' records too)
+    summary = run_summary_markdown(in_report, load_header(run_dir))
+    if len(in_report) != len(records):
+        summary += f"\n\n(this run added {len(records)} of the report's {len(in_report)} records: --append)"
     append_step_summary(summary)  # no-op unless $GITHUB_STEP_SUMMARY is set
     if not quiet:
         print(summary)
@@ -81,16 +172,20 @@ def cmd_list(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from harness.api import check
+    from harness.api import check, user_kernel_spec
     from harness.store import RunStore, environment
 
-    run_dir = Path(args.report_dir) if args.report_dir else _default_run_dir("check")
-    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else None
-    with RunStore(run_dir, header=environment(args.profile)) as store:
-        result = check(args.kernel, family=args.family, profile=args.profile, dtypes=dtypes, device=args.device,
-                       max_length=args.max_length, max_examples=args.max_examples, policy=_policy(args),
-                       store=store, counterexample_dir=Path(args.cases_dir) if args.cases_dir else None,
-                       grad=not args.no_grad)
+    user_kernel_spec(args.kernel, family=args.family)  # a bad target is a usage error before any directory
+    run_dir = _run_dir(args, "check")
+    try:
+        with RunStore(run_dir, header=environment(args.profile)) as store:
+            result = check(args.kernel, family=args.family, profile=args.profile, dtypes=args.dtypes,
+                           device=args.device, max_length=args.max_length, max_examples=args.max_examples,
+                           policy=_policy(args), store=_Interruptible(store),
+                           counterexample_dir=Path(args.cases_dir) if args.cases_dir else None,
+                           grad=not args.no_grad)
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (_on_signal)
+        return _finish_partial(run_dir, getattr(exc, "reason", "interrupted (SIGINT)"))
     status = _finish_run(run_dir, result.records)
     if result.message:
         print("\n" + result.message)
@@ -101,20 +196,27 @@ def cmd_check(args) -> int:
 
 def cmd_sweep(args) -> int:
     from harness.cases import load_sweep
-    from harness.runner import RunOptions, run_cases, run_pairs
+    from harness.runner import RunOptions, run_cases, run_pair
+    from harness.shard import Shard, shard_header
     from harness.store import RunStore, environment
 
     sweep = load_sweep(args.name)
-    run_dir = Path(args.report_dir) if args.report_dir else _default_run_dir(sweep.name)
+    run_dir = _run_dir(args, sweep.name)
     options = RunOptions(policy=_policy(args))
-    header = environment(f"sweep:{sweep.name}")
+    shard = Shard.parse(args.shard) if args.shard else None
+    header = dict(environment(f"sweep:{sweep.name}"), **shard_header(shard))
     if sweep.answers:  # the sweep's question and its table, rendered by the report from the run alone
         header["answers"] = [table.to_dict() for table in sweep.answers]
-    with RunStore(run_dir, header=header) as store:
-        records = run_cases(sweep.cases(), options, store=store,
-                            progress=None if args.quiet else _progress)
-        if sweep.pairs:
-            records += run_pairs(sweep, options, store=store)
+    take = shard.take if shard is not None else iter
+    try:
+        with RunStore(run_dir, header=header) as store:
+            records = run_cases(take(sweep.cases()), options, store=_Interruptible(store),
+                                progress=None if args.quiet else _progress)
+            if sweep.pairs:
+                records += [run_pair(a, b, problem, options, store=_Interruptible(store))
+                            for a, b, problem in take(sweep.pair_cases())]
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (_on_signal)
+        return _finish_partial(run_dir, getattr(exc, "reason", "interrupted (SIGINT)"))
     return _finish_run(run_dir, records)
 
 
@@ -130,12 +232,24 @@ def cmd_replay(args) -> int:
 
     if args.file:
         case = load_case(args.file)
-        spec = resolve_kernel(case.kernel, case.kernel_target, case.problem.family.value)
         problem, expect = case.problem, case.expect
+        if args.kernel and args.kernel != case.kernel_target:  # the user names the kernel: run that one
+            spec = _replay_kernel(args.kernel, problem.family.value)
+        else:
+            spec = resolve_kernel(case.kernel, case.kernel_target, problem.family.value,
+                                  trust=args.trust_case_file, kernel=args.kernel)
     else:
         if not (args.kernel and args.problem):
             raise InvalidArgument("replay needs FILE, or --kernel NAME with --problem JSON")
-        spec, problem, expect = resolve_kernel(args.kernel), Problem.from_dict(json.loads(args.problem)), None
+        try:
+            data = json.loads(args.problem)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"--problem={args.problem[:80]!r} is not JSON ({exc}); expected the problem "
+                                  "object of a record's replay command") from None
+        from harness.cases import problem_from_json
+
+        problem, expect = problem_from_json(data, "--problem"), None
+        spec = _replay_kernel(args.kernel, problem.family.value)
     record = run_case(spec, problem, RunOptions(policy=_policy(args)))
     keys = ("kernel", "family", "dtype", "length", "regime", "verdict", "cause", "why", "cond_max", "max_abs",
             "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class", "outcome", "error")
@@ -146,6 +260,15 @@ def cmd_replay(args) -> int:
         print(f"\nexpected verdict {expect!r}, got {record['verdict']!r}")
         return EXIT_FAIL
     return EXIT_FAIL if record["verdict"] in ("divergent", "kernel_error") and expect is None else EXIT_OK
+
+
+def _replay_kernel(kernel: str, family: str):
+    """``--kernel``: a registered name, or a ``module:attr`` / ``file.py:attr`` target the user gave."""
+    from harness.cases import resolve_kernel
+
+    if ":" in kernel:
+        return resolve_kernel(kernel, kernel, family, kernel=kernel)
+    return resolve_kernel(kernel)
 
 
 def cmd_report(args) -> int:
@@ -161,10 +284,27 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def cmd_merge(args) -> int:
+    from harness.shard import merge_runs
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise InvalidArgument(f"--out={str(out)!r} exists and is not empty; expected a new run directory")
+    records = merge_runs(args.run_dirs, out, allow_missing=args.allow_missing)
+    return _finish_run(out, records)
+
+
 def cmd_diff(args) -> int:
     from harness.gate import diff_markdown, diff_runs
     from harness.store import load_records
 
+    for name in ("base", "new"):
+        path = Path(getattr(args, name))
+        if not path.is_dir():
+            raise InvalidArgument(f"{name}={str(path)!r} is not a directory; expected a run directory "
+                                  "(with records.jsonl)")
+        if not load_records(path):
+            raise InvalidArgument(f"{name}={str(path)!r} holds no records (records*.jsonl); expected a run directory")
     print(diff_markdown(diff_runs(load_records(args.base), load_records(args.new))))
     return EXIT_OK
 
@@ -205,10 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--family", default=None, help="linear_scan | selective_scan | retention | retention_normed")
     s.add_argument("--kernel", required=True, help="TARGET: package.module:attr, path/to/file.py:attr")
     s.add_argument("--profile", choices=("dev", "ci", "nightly"), default="ci")
-    s.add_argument("--dtypes", default=None, help="comma-separated subset of float64,float32,float16,bfloat16")
+    s.add_argument("--dtypes", default=None, type=_dtype_list,
+                   help="comma-separated subset of float64,float32,float16,bfloat16")
     s.add_argument("--device", default="cpu")
-    s.add_argument("--max-length", type=int, default=None)
-    s.add_argument("--max-examples", type=int, default=None)
+    s.add_argument("--max-length", type=_positive_int("--max-length"), default=None)
+    s.add_argument("--max-examples", type=_positive_int("--max-examples"), default=None)
     s.add_argument("--cases-dir", default=None, help="where the shrunk counterexample is saved")
     s.add_argument("--no-grad", action="store_true",
                    help="skip the gradient check (by default every differentiable kernel's gradients are checked)")
@@ -217,18 +358,29 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="run a named sweep from cases/sweeps/ (or a .toml file)")
     s.add_argument("name")
     s.add_argument("--quiet", action="store_true")
+    s.add_argument("--shard", default=None, metavar="K/N",
+                   help="run job K of N: every N-th case of the sweep from the K-th (merge the runs with `merge`)")
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("replay", help="re-run a saved case (cases/counterexamples/*.json) or a replay command")
     s.add_argument("file", nargs="?")
     s.add_argument("--kernel", default=None)
     s.add_argument("--problem", default=None, help="the problem as JSON (from a record's replay command)")
+    s.add_argument("--trust-case-file", action="store_true",
+                   help="import the module or file the case file's kernel_target names (never done otherwise: "
+                        "a case file is data); --kernel TARGET runs a user kernel without it")
     s.set_defaults(func=cmd_replay)
 
     s = sub.add_parser("report", help="build tables and plots for a run directory")
     s.add_argument("run_dir")
     s.add_argument("--out", default=None)
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("merge", help="join the runs of a sharded sweep (--shard K/N) into one run and report it")
+    s.add_argument("run_dirs", nargs="+", metavar="RUN")
+    s.add_argument("--out", required=True, help="the merged run directory (must not exist)")
+    s.add_argument("--allow-missing", action="store_true", help="merge although some shards are missing")
+    s.set_defaults(func=cmd_merge)
 
     s = sub.add_parser("diff", help="compare two runs cell by cell, worst first")
     s.add_argument("base")
@@ -248,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in ("check", "sweep", "replay", "gate"):
         add_report_options(sub.choices[name], cli=True, command=name)
+    for name in ("check", "sweep"):
+        sub.choices[name].add_argument("--append", action="store_true",
+                                       help="add this run's records to a --report-dir that already holds a run")
     return p
 
 
@@ -255,9 +410,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
     interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
+    from harness.kernels.isolation import clear_stop
+
+    previous: dict = {}
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        _apply_isolation(args)
+        if args.command in ("check", "sweep"):  # a run: a signal stops it at the next record or kernel wait
+            clear_stop()
+            previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+            for sig, handler in previous.items():
+                if handler is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: leave it so
+                    signal.signal(sig, _on_signal)
         return args.func(args)
     except InvalidArgument as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
@@ -265,6 +430,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt as exc:  # outside a run (a run writes its partial report itself)
+        print(f"\nharness: {getattr(exc, 'reason', 'interrupted (SIGINT)')}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -92,6 +92,49 @@ def _vjp(fn, inputs: dict[str, torch.Tensor], names: tuple[str, ...], cotangent:
     return dict(zip(names, grads))
 
 
+def _kernel_vjp(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], names: tuple[str, ...],
+                cot: torch.Tensor, options: RunOptions) -> tuple[Outcome, Any, bool]:
+    """The kernel's input gradients along ``cot``: ``(Outcome.OK, {name: grad} or None, False)``, None when
+    the output carries no gradient, or ``(outcome, what happened, whether the forward itself failed)``.
+
+    Forward and backward run where the forward ran (`RunOptions.worker_for`): in the kernel's worker
+    process, whose crash or hang is then this record's, or in this process with ``--in-process``.
+    """
+    from harness.kernels import isolation
+
+    worker, _ = options.worker_for(spec)
+    if worker is None:
+        fn = spec.callable()
+
+        def kernel(x):
+            args, kwargs = call_args(problem, x, spec)
+            return fn(*args, **kwargs)
+
+        try:
+            return Outcome.OK, _vjp(kernel, inputs, names, cot), False
+        except ForwardRaised as exc:
+            return Outcome.RAISED, f"raised {exc}", True
+        except Exception as exc:  # noqa: BLE001 - recorded by the caller
+            return Outcome.RAISED, f"raised {type(exc).__name__}: {exc}", False
+    args, kwargs = call_args(problem, inputs, spec)
+    wanted = []
+    for name in names:
+        pos = next((i for i, a in enumerate(args) if a is inputs[name]), None)
+        wanted.append(pos if pos is not None else next(k for k, v in kwargs.items() if v is inputs[name]))
+    status, value, _ = isolation.run(worker, "vjp", args, kwargs, extra=(wanted, cot), timeout_s=options.timeout_s)
+    if status == "ok":
+        return Outcome.OK, dict(zip(names, value)), False
+    if status == "not_differentiable":
+        return Outcome.OK, None, False
+    if status == "forward_raised":
+        return Outcome.RAISED, f"raised {value}", True
+    if status == "timeout":
+        return Outcome.TIMEOUT, f"gave no result after {options.timeout_s:g} s", False
+    if status == "crashed":
+        return Outcome.CRASHED, f"crashed: {value}", False
+    return Outcome.RAISED, f"raised {value}", False
+
+
 #: Elementary operations behind one term of a gradient (products of up to four factors, exp, softplus,
 #: silu, the norm's rsqrt and their derivatives), each rounded once.
 GRAD_OPS = 8
@@ -136,28 +179,22 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         return [] if given else [forward]
     inputs = problem.make_inputs()
     names = tuple(n for n in GRAD_INPUTS[problem.family] if n in inputs)
-    fn = spec.callable()
     g = cotangent(problem, output_shape(problem))
     precision = spec.capabilities.precision(problem.dtype)
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
 
-    def kernel(x):
-        args, kwargs = call_args(problem, x, spec)
-        return fn(*args, **kwargs)
-
     t0 = time.perf_counter()
-    try:
-        got = _vjp(kernel, inputs, names, g.to(problem.torch_dtype).to(problem.device))
-    except Exception as exc:  # noqa: BLE001 - a failing backward is a finding, recorded
-        if isinstance(exc, ForwardRaised) and not spec.capabilities.autograd:
+    outcome, got, forward_failed = _kernel_vjp(spec, problem, inputs, names,
+                                               g.to(problem.torch_dtype).to(problem.device), options)
+    if outcome is not Outcome.OK:  # a failing backward is a finding, recorded
+        if forward_failed and not spec.capabilities.autograd:
             return []  # an undeclared kernel that cannot take inputs requiring grad: not differentiable
-        what = f"forward with inputs requiring grad raised {exc}" if isinstance(exc, ForwardRaised) else \
-            f"backward raised {type(exc).__name__}: {exc}"
-        message = f"{Outcome.RAISED.value}: {what}"
-        record = dict(forward, mode="grad", grad_of="*", outcome=Outcome.RAISED.value, error=message,
+        what = f"forward with inputs requiring grad {got}" if forward_failed else f"backward {got}"
+        message = f"{outcome.value}: {what}"
+        record = dict(forward, mode="grad", grad_of="*", outcome=outcome.value, error=message,
                       kernel=f"{spec.name}:grad[*]")
         judgement = judge({}, options.policy, kernel_error=message)
-        record.update(verdict=judgement.verdict.value, why=judgement.why, cause=Outcome.RAISED.value)
+        record.update(verdict=judgement.verdict.value, why=judgement.why, cause=outcome.value)
         return [record]
     t_kernel = time.perf_counter() - t0
     if got is None:

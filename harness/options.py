@@ -15,6 +15,10 @@ pytest                 CLI                          meaning
 --harness-fail-on-missing  --fail-on-missing        a cell of the baseline missing from the run fails the gate
 --harness-policy       --policy SPEC                verdict thresholds, parsed by `harness.verdict.Policy.parse`
 --harness-no-summary   --no-summary                 no summary table on the terminal
+--harness-timeout      --timeout SECONDS            per kernel call (default 120); longer is a ``timeout``
+                                                    kernel error, recorded once, not re-run by the shrinker
+--harness-in-process   --in-process                 run kernels in this process, not a worker process per
+                                                    kernel (for pdb; a crashing kernel then ends the run)
 =====================  ===========================  ==========================================================
 
 This module imports nothing heavy: pytest loads it while parsing the command line.
@@ -61,13 +65,34 @@ _OPTIONS: dict[str, dict[str, Any]] = {
         action="store_true", default=False,
         help="do not print the harness summary table at the end of the session",
     ),
+    "timeout": dict(
+        metavar="SECONDS", default=None, type=lambda text: _seconds(text),
+        help="per kernel call (default 120); a call that takes longer is a 'timeout' kernel_error, recorded "
+             "once and not re-run by the shrinker",
+    ),
+    "in-process": dict(
+        action="store_true", default=False,
+        help="run kernels in this process instead of a worker process per kernel: for stepping through a "
+             "kernel with pdb/breakpoint(); a kernel that crashes then ends the run",
+    ),
 }
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``'s type: seconds > 0 (argparse and pytest show the message as a usage error)."""
+    from harness.errors import InvalidArgument
+    from harness.kernels.isolation import validate_timeout
+
+    try:
+        return validate_timeout(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 #: Which options each CLI subcommand takes (``command=None``: all of them).
 COMMAND_OPTIONS: dict[str, tuple[str, ...]] = {
-    "check": ("report-dir", "policy", "no-summary"),
-    "sweep": ("report-dir", "policy", "no-summary"),
-    "replay": ("policy",),
+    "check": ("report-dir", "policy", "no-summary", "timeout", "in-process"),
+    "sweep": ("report-dir", "policy", "no-summary", "timeout", "in-process"),
+    "replay": ("policy", "timeout", "in-process"),
     "gate": ("baseline", "fail-on", "fail-on-missing"),
 }
 
@@ -121,6 +146,8 @@ class ReportOptions:
     fail_on_missing: bool = False
     policy: str | None = None
     no_summary: bool = False
+    timeout: float | None = None
+    in_process: bool = False
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace, *, prefix: str = "") -> "ReportOptions":

@@ -2,7 +2,8 @@
 
 Registered under the ``pytest11`` entry point ``seqkernel_harness``, so it is active wherever the package
 is installed. It adds the options of `harness.options` (``--harness-report-dir``, ``--harness-baseline``,
-``--harness-fail-on``, ``--harness-fail-on-missing``, ``--harness-policy``, ``--harness-no-summary``) and
+``--harness-fail-on``, ``--harness-fail-on-missing``, ``--harness-policy``, ``--harness-no-summary``,
+``--harness-timeout``, ``--harness-in-process``) and
 two session-scoped fixtures:
 
 - ``harness_recorder``: ``.record(rec)`` (alias ``.append``, so it can be passed as a runner's
@@ -145,6 +146,11 @@ def pytest_configure(config: pytest.Config) -> None:
     options = ReportOptions.from_pytest(config)
     state = _State(options=options)
     config.stash[STATE_KEY] = state
+    if options.timeout is not None or options.in_process:  # on xdist workers too: they run the kernels
+        from harness.kernels.isolation import configure
+
+        configure(timeout_s=options.timeout if options.timeout is not None else ...,
+                  isolation="in-process" if options.in_process else None)
 
     if _is_worker(config):
         _split_cores_between_workers()

@@ -432,8 +432,18 @@ def table_records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{c: _json_value(v) for c, v in zip(cols, row)} for row in df.itertuples(index=False, name=None)]
 
 
+def markdown_escape(text: str) -> str:
+    """``text`` as literal Markdown table-cell text: no raw HTML (``<``, ``>``, ``&`` become entities), no
+    code span, link or cell break (`` ` ``, ``[``, ``]``, ``|`` are backslash-escaped). Kernel names come
+    from users and entry points; a report must show them, never render them."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for ch in "`[]|":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
 def _md_cell(text: str, max_chars: int | None = None) -> str:
-    text = " ".join(text.split()).replace("|", "\\|")
+    text = markdown_escape(" ".join(text.split()))
     if max_chars is not None and len(text) > max_chars:
         text = text[: max_chars - 1] + "…"
     return text

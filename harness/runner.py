@@ -25,7 +25,8 @@ import torch
 
 from harness import dtypes
 from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
-from harness.kernels.guard import DEFAULT_TIMEOUT_S, call_guarded
+from harness.kernels import isolation
+from harness.kernels.guard import call_guarded
 from harness.problems import Problem
 from harness.verdict import Judgement, Policy, Verdict, domain_kind, judge
 
@@ -123,22 +124,37 @@ def tf32_mode(enabled: bool):
 
 @dataclass
 class RunOptions:
-    """How cases are run: the verdict policy, the per-call timeout and the optional checks."""
+    """How cases are run: the verdict policy, the per-call timeout, where the kernel runs, optional checks.
+
+    ``timeout_s`` and ``isolation`` default to the session's (`harness.kernels.isolation.configure`:
+    ``--timeout``, ``--in-process``); ``isolation`` is ``"process"`` (a worker process per kernel) or
+    ``"in-process"`` (for pdb).
+    """
 
     policy: Policy = field(default_factory=Policy)
-    timeout_s: float | None = DEFAULT_TIMEOUT_S
+    timeout_s: float | None = field(default_factory=isolation.default_timeout)
     check_determinism: bool = False
     eps_counterfactual: bool = True  # re-run a divergent normed case at eps = 0 to name an eps effect
     # re-run a divergent low-precision case on the same (rounded) inputs in float64 to name precision loss
     precision_counterfactual: bool = True
+    isolation: str = field(default_factory=isolation.default_isolation)
+
+    def worker_for(self, spec: KernelSpec, kernel_fn: Callable | None = None) -> tuple[Any, str]:
+        """(the worker reference ``spec`` runs under, or None for in-process; the record's ``isolation``)."""
+        if self.isolation == "in-process":
+            return None, "in-process"
+        ref, why = isolation.kernel_ref(spec, kernel_fn)
+        return (ref, "process") if ref is not None else (None, f"in-process: {why}")
 
 
-def replay_command(kernel: str, problem: Problem) -> str:
-    """The shell command that re-runs exactly this case."""
+def replay_command(kernel: "str | KernelSpec", problem: Problem) -> str:
+    """The shell command that re-runs exactly this case (a user kernel by its target, every part quoted)."""
     import json
     import shlex
 
-    return f"harness replay --kernel {kernel} --problem {shlex.quote(json.dumps(problem.to_dict(), sort_keys=True))}"
+    name = kernel if isinstance(kernel, str) else (isolation.user_target(kernel) or kernel.name)
+    return (f"harness replay --kernel {shlex.quote(name)} "
+            f"--problem {shlex.quote(json.dumps(problem.to_dict(), sort_keys=True))}")
 
 
 def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
@@ -168,19 +184,23 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     record.update(problem.to_dict())
     record.pop("values", None)
     record["explicit_values"] = problem.values is not None
-    record["replay"] = replay_command(spec.name, problem)
+    record["replay"] = replay_command(spec, problem)
 
     fn = kernel_fn if kernel_fn is not None else spec.callable()
+    worker, record["isolation"] = options.worker_for(spec, kernel_fn)
     args, kwargs = call_args(problem, inputs, spec)
     with tf32_mode(problem.tf32), torch.no_grad():
         result = call_guarded(fn, args, kwargs, expected_shape=output_shape(problem),
                               expected_dtype=problem.torch_dtype, expected_device=inputs[next(iter(inputs))].device,
-                              timeout_s=options.timeout_s, check_determinism=options.check_determinism)
+                              timeout_s=options.timeout_s, check_determinism=options.check_determinism,
+                              worker=worker)
     timings["t_kernel"] = result.seconds
     if keep_output is not None and result.output is not None:
         keep_output["output"] = result.output.detach().to("cpu", torch.float64)
     record["outcome"] = result.outcome.value
     record["error"] = result.message or None
+    if result.note:
+        record["isolation_note"] = result.note
 
     if not result.ok:
         judgement = judge({}, options.policy, kernel_error=f"{result.outcome.value}: {result.message}")
@@ -215,7 +235,9 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
             and problem.family is Family.RETENTION_NORMED and problem.eps):
         t0 = time.perf_counter()
         zero = run_case(spec, problem.replace(eps=0.0),
-                        RunOptions(options.policy, options.timeout_s, False, False, False), kernel_fn=kernel_fn)
+                        RunOptions(options.policy, options.timeout_s, check_determinism=False,
+                                   eps_counterfactual=False, precision_counterfactual=False,
+                                   isolation=options.isolation), kernel_fn=kernel_fn)
         timings["t_eps0"] = time.perf_counter() - t0
         record["eps0_cond_max"] = zero.get("cond_max")
         if zero["verdict"] == Verdict.EQUIVALENT.value:
@@ -247,7 +269,8 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     """
     wide = {k: v.to(torch.float64) for k, v in inputs.items()}
     again = run_case(spec, problem.replace(dtype="float64", tf32=False),
-                     RunOptions(options.policy, options.timeout_s, False, False, False),
+                     RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
+                                precision_counterfactual=False, isolation=options.isolation),
                      kernel_fn=kernel_fn, inputs=wide)
     record["float64_verdict"] = again["verdict"]
     record["float64_cond_max"] = again.get("cond_max")

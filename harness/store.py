@@ -113,6 +113,25 @@ class RunStore:
         self.close()
 
 
+def mark_partial(run_dir: str | os.PathLike, reason: str) -> None:
+    """Mark the run in ``run_dir`` as partial (interrupted): ``partial`` and ``status`` in its header.
+
+    Every record taken before the interruption is kept; the report shows the header's status, so a
+    partial run is never read as a complete one.
+    """
+    header = load_header(run_dir)
+    n = len(load_records(run_dir)) if Path(run_dir).is_dir() else 0
+    header.update(partial=True, status=f"PARTIAL: {reason} after {n} records")
+    path = Path(run_dir) / HEADER_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_encode(header), indent=2, sort_keys=True, default=str) + "\n")
+
+
+def has_records(run_dir: str | os.PathLike) -> bool:
+    """Whether ``run_dir`` already holds records (a reused report directory)."""
+    return any(p.stat().st_size > 0 for p in Path(run_dir).glob(RECORDS_GLOB)) if Path(run_dir).is_dir() else False
+
+
 def load_header(run_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(run_dir) / HEADER_FILE
     return _decode(json.loads(path.read_text())) if path.is_file() else {}
@@ -121,17 +140,29 @@ def load_header(run_dir: str | os.PathLike) -> dict[str, Any]:
 def load_records(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """Every record of a run (all workers' files merged), in a stable order (kernel, case).
 
-    A line cut short by a crash is skipped; every complete line before it is kept.
+    A line cut short by a crash is skipped; every complete line before it is kept. A line that is JSON
+    but not an object, or a file that is not UTF-8, is not a record file: `InvalidArgument` names it.
     """
+    from harness.errors import InvalidArgument
+
     records = []
     for path in sorted(Path(run_dir).glob(RECORDS_GLOB)):
-        for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument(f"records file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                                  "expected JSON lines") from None
+        for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                records.append(_decode(json.loads(line)))
+                value = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if not isinstance(value, dict):
+                raise InvalidArgument(f"records file {str(path)!r} line {number} is a JSON {type(value).__name__} "
+                                      f"({line[:60]!r}); expected one JSON object per line")
+            records.append(_decode(value))
     records.sort(key=lambda r: (str(r.get("kernel")), str(r.get("case")), str(r.get("eps"))))
     return records
 

@@ -4,6 +4,10 @@ Each kernel of `tests.planted.broken` must come back from `harness.runner.run_ca
 `harness.kernels.guard.Outcome` with the ``kernel_error`` verdict (never an exception out of the
 harness), and a run of several kernels and cases through `harness.runner.run_cases` with a
 `harness.store.RunStore` must go on past every one of them and keep one record line per case.
+
+These tests run the kernels in worker processes (``isolation="process"``, the CLI's default), where a
+crash is survivable; the suite's default is in-process (see conftest.py). The tests of the in-process
+thread (timeout, grad mode) say ``isolation="in-process"``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from tests.planted.broken import BROKEN
 #: Per-call timeout for these tests: long enough for a length-33 scan, short for the hanging kernel.
 TIMEOUT_S = 1.0
 
-OPTIONS = RunOptions(timeout_s=TIMEOUT_S, check_determinism=True)
+OPTIONS = RunOptions(timeout_s=TIMEOUT_S, check_determinism=True, isolation="process")
+IN_PROCESS = RunOptions(timeout_s=TIMEOUT_S, check_determinism=True, isolation="in-process")
 
 
 @pytest.fixture(autouse=True)
@@ -64,12 +69,25 @@ def test_contract_violation_is_named(kernel, dtype):
     assert record["why"].startswith(kernel.outcome.value), record["why"]
 
 
-def test_timeout_is_bounded_by_the_option():
+@pytest.mark.parametrize("isolation", ["process", "in-process"])
+def test_timeout_is_bounded_by_the_option(isolation):
     spec = next(k for k in BROKEN if k.outcome is Outcome.TIMEOUT).spec
-    record = run_case(spec, problem(), RunOptions(timeout_s=0.2))
+    record = run_case(spec, problem(), RunOptions(timeout_s=0.2, isolation=isolation))
     assert record["outcome"] == "timeout"
     assert record["t_kernel"] < 0.2 + 2.0  # the guard gave up at the timeout, not when the kernel returned
     assert "0.2" in record["error"]
+    assert record["isolation"] == isolation
+
+
+def test_a_crash_is_recorded_with_its_signal_and_last_output():
+    spec = next(k for k in BROKEN if k.outcome is Outcome.CRASHED).spec
+    record = run_case(spec, problem(length=33), OPTIONS)
+    assert record["outcome"] == "crashed" and record["verdict"] == "kernel_error"
+    assert "SIGSEGV" in record["error"], record["error"]
+    assert "planted crash at length 33" in record["error"], record["error"]  # the worker's last output
+    control = broken.BrokenKernel("correct", broken.correct_scan, Outcome.OK, "control").spec
+    assert run_case(control, problem(), OPTIONS)["outcome"] == "ok"  # the run goes on
+    assert run_case(spec, problem(length=7), OPTIONS)["outcome"] == "crashed"  # a fresh worker, crashed again
 
 
 def test_a_run_goes_on_after_a_timeout_on_a_fresh_caller_thread():
@@ -82,10 +100,10 @@ def test_a_run_goes_on_after_a_timeout_on_a_fresh_caller_thread():
         return broken.correct_scan(a, b)
 
     for _ in range(2):
-        assert run_case(correct, problem(), OPTIONS, kernel_fn=where)["outcome"] == "ok"
+        assert run_case(correct, problem(), IN_PROCESS, kernel_fn=where)["outcome"] == "ok"
     assert len(set(seen)) == 1 and seen[0] != threading.get_ident()  # one worker, reused
-    assert run_case(hang, problem(), RunOptions(timeout_s=0.2))["outcome"] == "timeout"
-    assert run_case(correct, problem(), OPTIONS, kernel_fn=where)["outcome"] == "ok"
+    assert run_case(hang, problem(), RunOptions(timeout_s=0.2, isolation="in-process"))["outcome"] == "timeout"
+    assert run_case(correct, problem(), IN_PROCESS, kernel_fn=where)["outcome"] == "ok"
     assert seen[-1] != seen[0]  # the stuck worker was left behind; a new one took the call
 
 
@@ -97,7 +115,7 @@ def test_the_kernel_runs_in_the_callers_grad_mode():
         return broken.correct_scan(a, b)
 
     spec = broken.BrokenKernel("correct", broken.correct_scan, Outcome.OK, "control").spec
-    run_case(spec, problem(), OPTIONS, kernel_fn=note)  # the runner calls kernels under no_grad
+    run_case(spec, problem(), IN_PROCESS, kernel_fn=note)  # the runner calls kernels under no_grad
     with torch.enable_grad():
         assert _run_with_timeout(torch.is_grad_enabled, 1.0) == ("ok", True)
     assert modes and not any(modes)
@@ -105,9 +123,9 @@ def test_the_kernel_runs_in_the_callers_grad_mode():
 
 def test_nondeterminism_needs_the_determinism_check():
     spec = next(k for k in BROKEN if k.outcome is Outcome.NONDETERMINISTIC).spec
-    record = run_case(spec, problem(), RunOptions(timeout_s=TIMEOUT_S, check_determinism=False))
+    record = run_case(spec, problem(), RunOptions(timeout_s=TIMEOUT_S, check_determinism=False, isolation="process"))
     assert record["outcome"] == Outcome.OK.value  # one call cannot show it
-    record = run_case(spec, problem(), RunOptions(timeout_s=TIMEOUT_S, check_determinism=True))
+    record = run_case(spec, problem(), RunOptions(timeout_s=TIMEOUT_S, check_determinism=True, isolation="process"))
     assert record["outcome"] == Outcome.NONDETERMINISTIC.value
     assert record["verdict"] == "kernel_error"
 
@@ -145,7 +163,7 @@ def _check(name: str, tmp_path_factory):
     kernel = next(k for k in BROKEN if k.name == name)
     if name not in _CHECKS:
         _CHECKS[name] = check(kernel.spec, profile="ci", dtypes=("float32",), max_length=64, max_examples=5,
-                              counterexample_dir=tmp_path_factory.mktemp(name))
+                              counterexample_dir=tmp_path_factory.mktemp(name), isolation="process")
     return kernel, _CHECKS[name]
 
 

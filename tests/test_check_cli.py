@@ -159,12 +159,28 @@ def test_exit_1_for_a_wrong_kernel(wrong_run):
 
 
 def test_the_saved_counterexample_replays(wrong_run):
-    tmp_path, _, proc = wrong_run
+    tmp_path, kernel_file, proc = wrong_run
     saved = next((tmp_path / "cases").glob("*.json"))
-    replay = harness(tmp_path, "replay", str(saved))
+    target = f"{kernel_file}:loop_scan_stale_decay"
+    # a case file is data: the file it names is not imported unless the user says so (exit 2, with how)
+    refused = harness(tmp_path, "replay", str(saved))
+    assert refused.returncode == 2, _out(refused)
+    assert "--trust-case-file" in refused.stderr and f"--kernel {target}" in refused.stderr, _out(refused)
+    assert "Traceback" not in refused.stderr, _out(refused)
     # the file expects 'equivalent' (the kernel once fixed); the wrong kernel still diverges: exit 1
-    assert replay.returncode == 1, _out(replay)
-    assert "divergent" in replay.stdout, _out(replay)
+    for extra in (["--kernel", target], ["--trust-case-file"]):
+        replay = harness(tmp_path, "replay", str(saved), *extra)
+        assert replay.returncode == 1, _out(replay)
+        assert "divergent" in replay.stdout, _out(replay)
+
+
+def test_the_printed_replay_line_names_the_kernel_target(wrong_run):
+    tmp_path, kernel_file, proc = wrong_run
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("Replay: harness replay "))
+    assert f"--kernel {kernel_file}:loop_scan_stale_decay" in line, line
+    record = json.loads((tmp_path / "report" / "records.jsonl").read_text().splitlines()[0])
+    assert record["replay"].startswith(f"harness replay --kernel {kernel_file}:loop_scan_stale_decay "), record
+    assert record["isolation"] == "process"  # the CLI runs kernels in a worker process by default
 
 
 def test_the_printed_replay_command_runs(wrong_run):

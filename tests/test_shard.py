@@ -110,3 +110,19 @@ def test_merge_refuses_what_would_be_a_wrong_report(sharded, tmp_path):
     (other / "run.json").write_text(json.dumps(dict(header, torch="0.0-other")))
     with pytest.raises(InvalidArgument, match="differ in 'torch'"):
         merge_runs([sharded / "part1", sharded / "part2", other], tmp_path / "f")
+
+
+def test_the_command_line_shards_and_merges(sharded, tmp_path, capsys):
+    """`harness sweep FILE --shard K/N` and `harness merge RUN... --out DIR`, as a CI matrix runs them."""
+    from harness.cli import EXIT_OK, EXIT_USAGE, main
+
+    sweep = str(sharded / "shard_test.toml")
+    for k in (1, 2):
+        assert main(["sweep", sweep, "--shard", f"{k}/2", "--report-dir", str(tmp_path / f"s{k}"), "--quiet"]) == EXIT_OK
+    assert main(["merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--out", str(tmp_path / "m")]) == EXIT_OK
+    assert _without_timings(load_records(tmp_path / "m")) == _without_timings(load_records(sharded / "whole"))
+    assert main(["sweep", sweep, "--shard", "3/2", "--report-dir", str(tmp_path / "bad")]) == EXIT_USAGE
+    assert main(["merge", str(tmp_path / "s1"), "--out", str(tmp_path / "m2")]) == EXIT_USAGE  # 2/2 missing
+    assert main(["merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--out", str(tmp_path / "m")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "shard=3/2" in err and "missing" in err and "not empty" in err

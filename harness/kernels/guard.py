@@ -3,6 +3,11 @@
 `call_guarded` never raises for anything the kernel does. It returns a `CallResult` whose ``outcome``
 names what happened, one of `Outcome`; everything except ``ok`` becomes the ``kernel_error`` verdict
 with the outcome as its cause, and the run goes on with the next case.
+
+Where the kernel runs: given a ``worker`` (`harness.kernels.isolation.KernelRef`), in that kernel's
+worker process, where a crash (``crashed``) or a hang (``timeout``) costs the worker, not the harness;
+without one, on a thread of this process (``--in-process``: for pdb; a hang is abandoned, a crash is
+the harness's). The contract checks below are the same either way and run here, in the harness.
 """
 
 from __future__ import annotations
@@ -12,16 +17,18 @@ import os
 import queue
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from harness.kernels import isolation
+
 
 class Outcome(str, enum.Enum):
     OK = "ok"
     RAISED = "raised"
+    CRASHED = "crashed"  # the worker process died: a signal (segfault, abort) or an exit code
     TIMEOUT = "timeout"
     NOT_A_TENSOR = "not_a_tensor"
     WRONG_SHAPE = "wrong_shape"
@@ -37,6 +44,7 @@ class CallResult:
     output: torch.Tensor | None = None
     message: str = ""
     seconds: float = 0.0
+    note: str = ""  # about where it ran, e.g. a worker replaced after the kernel leaked a thread
 
     @property
     def ok(self) -> bool:
@@ -44,21 +52,11 @@ class CallResult:
 
 
 #: Default per-call timeout in seconds; a kernel that takes longer is reported as ``timeout``.
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = isolation.DEFAULT_TIMEOUT_S
 
 
-def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Bit-for-bit equality that treats NaN as equal to NaN in the same place."""
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    return bool(torch.equal(x, y) or torch.equal(torch.nan_to_num(x, nan=0.0), torch.nan_to_num(y, nan=0.0))
-                and torch.equal(torch.isnan(x), torch.isnan(y)))
-
-
-def _describe(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+_same = isolation.same_bits
+_describe = isolation._describe
 
 
 class _Worker:
@@ -110,12 +108,32 @@ def _run_with_timeout(fn: Callable[[], Any], timeout_s: float | None) -> tuple[s
         if _worker is None or _worker.pid != os.getpid():
             _worker = _Worker()
         _worker.jobs.put((fn, torch.is_grad_enabled(), box, done))
-        if not done.wait(timeout_s):
-            _worker = None
-            return "timeout", None
+        deadline = time.monotonic() + timeout_s
+        while not done.wait(min(isolation.POLL_S, max(0.0, deadline - time.monotonic()))):
+            if isolation.stop_requested():  # Ctrl-C: the stuck thread is left behind, as on a timeout
+                _worker = None
+                isolation.raise_if_stopped()
+            if time.monotonic() >= deadline:
+                _worker = None
+                return "timeout", None
     if "error" in box:
         return "raised", box["error"]
     return "ok", box.get("value")
+
+
+def execute(fn: Callable, args: tuple, kwargs: dict[str, Any], timeout_s: float | None, *,
+            worker: "isolation.KernelRef | None" = None) -> tuple[str, Any, str]:
+    """One call of the kernel: ``(status, value, note)``, in ``worker``'s process or on a thread here.
+
+    status: ``ok`` (value: the output), ``value`` (not a tensor; value: its type name), ``raised``
+    (value: the exception), ``timeout``, ``crashed`` (value: how the worker died).
+    """
+    if worker is not None:
+        return isolation.run(worker, "call", args, kwargs, grad=torch.is_grad_enabled(), timeout_s=timeout_s)
+    status, value = _run_with_timeout(lambda: fn(*args, **kwargs), timeout_s)
+    if status == "ok" and not isinstance(value, torch.Tensor):
+        return "value", type(value).__name__, ""
+    return status, value, ""
 
 
 def call_guarded(
@@ -128,38 +146,50 @@ def call_guarded(
     expected_device: torch.device | str,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
     check_determinism: bool = False,
+    worker: "isolation.KernelRef | None" = None,
 ) -> CallResult:
-    """Call ``fn(*args, **kwargs)`` and check the family contract on what comes back."""
+    """Call ``fn(*args, **kwargs)`` (in ``worker``'s process when given) and check the contract on the output."""
     snapshots = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
     expected_device = torch.device(expected_device)
+    if worker is not None:
+        isolation.warm(worker)  # a worker's start is not the kernel's time
     start = time.perf_counter()
-    status, value = _run_with_timeout(lambda: fn(*args, **kwargs), timeout_s)
+    status, value, note = execute(fn, args, kwargs, timeout_s, worker=worker)
     seconds = time.perf_counter() - start
     if status == "timeout":
-        return CallResult(Outcome.TIMEOUT, None, f"no result after {timeout_s:g} s", seconds)
+        return CallResult(Outcome.TIMEOUT, None, f"no result after {timeout_s:g} s", seconds, note)
+    if status == "crashed":
+        return CallResult(Outcome.CRASHED, None, value, seconds, note)
     if status == "raised":
-        return CallResult(Outcome.RAISED, None, value, seconds)
+        return CallResult(Outcome.RAISED, None, value, seconds, note)
     for i, (arg, snap) in enumerate(zip(args, snapshots)):
         if snap is not None and not _same(arg, snap):
             n = int((arg != snap).sum()) if arg.shape == snap.shape else arg.numel()
             return CallResult(Outcome.MUTATED_INPUT, value if isinstance(value, torch.Tensor) else None,
-                              f"input #{i} (shape {tuple(snap.shape)}) was written to: {n} elements changed", seconds)
-    if not isinstance(value, torch.Tensor):
+                              f"input #{i} (shape {tuple(snap.shape)}) was written to: {n} elements changed",
+                              seconds, note)
+    if status == "value":
         return CallResult(Outcome.NOT_A_TENSOR, None,
-                          f"returned {type(value).__name__}, expected a torch.Tensor of shape {expected_shape}", seconds)
+                          f"returned {value}, expected a torch.Tensor of shape {expected_shape}", seconds, note)
     if tuple(value.shape) != tuple(expected_shape):
         return CallResult(Outcome.WRONG_SHAPE, None,
-                          f"returned shape {tuple(value.shape)}, expected {tuple(expected_shape)}", seconds)
+                          f"returned shape {tuple(value.shape)}, expected {tuple(expected_shape)}", seconds, note)
     if value.dtype != expected_dtype:
         return CallResult(Outcome.WRONG_DTYPE, value,
-                          f"returned dtype {value.dtype}, expected {expected_dtype}", seconds)
+                          f"returned dtype {value.dtype}, expected {expected_dtype}", seconds, note)
     if value.device.type != expected_device.type:
         return CallResult(Outcome.WRONG_DEVICE, value,
-                          f"returned device {value.device}, expected {expected_device}", seconds)
+                          f"returned device {value.device}, expected {expected_device}", seconds, note)
     if check_determinism:
-        status2, value2 = _run_with_timeout(lambda: fn(*args, **kwargs), timeout_s)
+        status2, value2, note2 = execute(fn, args, kwargs, timeout_s, worker=worker)
+        note = note or note2
+        if status2 == "timeout":
+            return CallResult(Outcome.TIMEOUT, None, f"the second call (determinism check) gave no result after "
+                              f"{timeout_s:g} s", seconds, note)
+        if status2 == "crashed":
+            return CallResult(Outcome.CRASHED, None, f"the second call (determinism check): {value2}", seconds, note)
         if status2 == "ok" and isinstance(value2, torch.Tensor) and not _same(value.detach(), value2.detach()):
             diff = (value.double() - value2.double()).abs().nan_to_num(nan=float("inf")).max().item()
             return CallResult(Outcome.NONDETERMINISTIC, value,
-                              f"two calls on the same inputs differ (max |difference| {diff:.3g})", seconds)
-    return CallResult(Outcome.OK, value, "", seconds)
+                              f"two calls on the same inputs differ (max |difference| {diff:.3g})", seconds, note)
+    return CallResult(Outcome.OK, value, "", seconds, note)

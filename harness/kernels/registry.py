@@ -98,6 +98,17 @@ def available_kernels(family: Family | str | None = None) -> list[KernelSpec]:
     return [s for s in all_kernels(family) if s.unavailable_reason() is None]
 
 
+def _import_error(exc: BaseException) -> str:
+    """One line for an exception raised while importing a user's module: type, message, file and line."""
+    import traceback
+
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
 def resolve_target(target: str) -> Callable:
     """``package.module:attr`` or ``path/to/file.py:attr`` -> the object it names.
 
@@ -121,12 +132,18 @@ def resolve_target(target: str) -> Callable:
             raise InvalidArgument(f"kernel={target!r}: {str(path)!r} cannot be imported as a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file, not the harness, failed
+            sys.modules.pop(mod_name, None)
+            raise InvalidArgument(f"kernel={target!r}: importing {str(path)!r} failed: {_import_error(exc)}; "
+                                  "expected a Python file that imports cleanly") from None
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as exc:
-            raise InvalidArgument(f"kernel={target!r}: module {where!r} cannot be imported ({exc})") from None
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - ImportError, SyntaxError, or raised at import
+            raise InvalidArgument(f"kernel={target!r}: module {where!r} cannot be imported: "
+                                  f"{_import_error(exc)}") from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -39,6 +39,18 @@ def raises(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     raise RuntimeError(f"planted failure: no kernel for length {a.shape[-1]}")
 
 
+def crashes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Ends its process, as a kernel whose out-of-bounds access segfaults or whose device assert aborts.
+
+    Only ever run in a worker process (`harness.kernels.isolation`): in-process it would end the tests.
+    """
+    import ctypes
+
+    print(f"planted crash at length {a.shape[-1]}", flush=True)
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+    raise AssertionError("unreachable")
+
+
 def hangs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Never returns within any reasonable timeout (a deadlocked synchronisation)."""
     RELEASE.wait(HANG_S)
@@ -120,6 +132,7 @@ def _spec(kernel: BrokenKernel) -> KernelSpec:
 
 BROKEN: list[BrokenKernel] = [
     BrokenKernel("raises", raises, Outcome.RAISED, "raises RuntimeError"),
+    BrokenKernel("crashes", crashes, Outcome.CRASHED, "segfaults (its worker process dies)"),
     BrokenKernel("hangs", hangs, Outcome.TIMEOUT, "does not return before the per-call timeout"),
     BrokenKernel("wrong_shape", wrong_shape, Outcome.WRONG_SHAPE, "returns the padded length"),
     BrokenKernel("wrong_dtype", wrong_dtype, Outcome.WRONG_DTYPE, "returns its accumulator dtype"),

@@ -1,0 +1,667 @@
+"""Running a kernel in a worker process, so that a crash or a hang costs one record, never the run.
+
+A kernel under test is untrusted: it may segfault, call ``os._exit``, abort in a CUDA assertion, loop
+forever or leave a thread running. By default (`DEFAULT_ISOLATION` ``"process"``) every call goes to a
+long-lived worker process of its own kernel (`Worker`), which the harness replaces when it dies:
+
+- the worker is forked from a ``forkserver`` that has imported torch and the harness once, so a
+  (re)start costs a fork, not a fresh interpreter; nothing the parent process did (threads, OpenMP
+  pools, a CUDA context) is inherited by it;
+- the worker loads the kernel itself, by reference (`KernelRef`): a registered name, a user target
+  (``path.py:fn`` / ``module:attr``) or a picklable module-level callable. ``TRITON_INTERPRET`` is set in
+  the worker (`harness.kernels.triton_interpreter.interpret_if_no_gpu`) before it loads anything;
+- tensors go both ways through one shared-memory arena per worker (`Arena`: a byte buffer both
+  processes map, handed to the worker once through torch's multiprocessing reductions): the harness
+  copies the inputs in (strides kept) and sends only their offsets, shapes and dtypes down the pipe;
+  the worker writes the output after them. Inputs the kernel wrote to are copied back, so the
+  harness's mutation check sees them. Nothing large is pickled, and no file descriptor is passed per
+  call (torch's per-tensor sharing cost ~25 ms a tensor here, the arena ~0.1 ms);
+- a worker that exits or is killed by a signal gives the ``crashed`` outcome, with the exit code or the
+  signal's name and the last lines the worker wrote to its stdout/stderr (kept in a log file); a call
+  that takes longer than the timeout kills the worker (``timeout``); a kernel that leaves a non-daemon
+  thread alive gets its worker replaced after the call (the thread would keep a process alive).
+  Workers ignore SIGINT: a Ctrl-C stops the harness, which then writes its partial report.
+
+``"in-process"`` (``harness check --in-process``) runs the kernel in the harness's own process, on a
+worker thread with the same timeout (a hang is abandoned, a crash ends the harness): the mode for
+stepping through a kernel with pdb or a debugger. A callable that cannot be loaded by reference (a
+closure, a lambda) always runs in-process; the record's ``isolation`` field says which mode ran it and why.
+
+Gradients (`harness.gradients`) run their backward in the same worker as the forward (`Worker.vjp`):
+the autograd graph never leaves the worker, only the input gradients come back.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import threading
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: "process" (a worker process per kernel) or "in-process" (a thread of the harness, for debugging).
+ISOLATION_MODES = ("process", "in-process")
+DEFAULT_ISOLATION = "process"
+#: Default per-call timeout in seconds.
+DEFAULT_TIMEOUT_S = 120.0
+#: How many workers stay alive at once (a sweep over many kernels closes the least recently used).
+MAX_WORKERS = 4
+#: How long a worker may take to start and load its kernel (imports of a third-party package included).
+START_TIMEOUT_S = 120.0
+#: Lines of the worker's output kept in a ``crashed`` record.
+TAIL_LINES = 12
+
+
+@dataclass
+class _Defaults:
+    isolation: str = DEFAULT_ISOLATION
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
+
+
+_DEFAULTS = _Defaults()
+
+
+def configure(*, isolation: str | None = None, timeout_s: float | None | type(...) = ...) -> None:
+    """Set the session's defaults (the CLI's ``--in-process`` / ``--timeout``, the pytest plugin's options)."""
+    if isolation is not None:
+        _DEFAULTS.isolation = validate_isolation(isolation)
+    if timeout_s is not ...:
+        _DEFAULTS.timeout_s = validate_timeout(timeout_s)
+
+
+def default_isolation() -> str:
+    return _DEFAULTS.isolation
+
+
+def default_timeout() -> float | None:
+    return _DEFAULTS.timeout_s
+
+
+def validate_isolation(value: str) -> str:
+    from harness.errors import InvalidArgument
+
+    if value not in ISOLATION_MODES:
+        raise InvalidArgument(f"isolation={value!r} is not a mode; expected one of {list(ISOLATION_MODES)}")
+    return value
+
+
+def validate_timeout(value: Any) -> float | None:
+    from harness.errors import InvalidArgument
+
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"timeout={value!r} is not a number; expected seconds > 0") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise InvalidArgument(f"timeout={value!r} must be a finite number of seconds > 0")
+    return seconds
+
+
+# ------------------------------------------------------------------------------------ kernel references
+@dataclass(frozen=True)
+class KernelRef:
+    """How a worker loads a kernel: ``kind`` is ``registered`` (a name), ``target`` or ``callable``."""
+
+    kind: str
+    value: Any
+    family: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.value if self.kind != "callable" else id(self.value), self.family)
+
+    def load(self) -> Callable:
+        if self.kind == "registered":
+            from harness.kernels import registry
+
+            return registry.get(self.value).callable()
+        if self.kind == "target":
+            from harness.kernels.registry import resolve_target
+
+            return resolve_target(self.value)
+        return self.value
+
+
+def user_target(spec) -> str | None:
+    """The ``module:attr`` / ``file.py:attr`` target a user kernel spec was made from, else None."""
+    name = getattr(spec, "name", "")
+    if getattr(spec, "source", None) == "user" and name.startswith("user.") and ":" in name:
+        return name.removeprefix("user.")
+    return None
+
+
+def kernel_ref(spec, fn: Callable | None = None) -> tuple[KernelRef | None, str]:
+    """(the reference a worker loads ``spec`` by, "") or (None, why it cannot be loaded in a worker).
+
+    ``fn``: a callable that stands in for the spec's (``run_case(kernel_fn=...)``).
+    """
+    from harness.kernels import registry
+
+    if fn is None:
+        try:
+            if registry.get(spec.name) is spec:
+                return KernelRef("registered", spec.name, spec.family.value), ""
+        except Exception:  # noqa: BLE001 - not registered: try the other ways
+            pass
+        target = user_target(spec)
+        if target is not None:
+            return KernelRef("target", target, spec.family.value), ""
+        fn = spec.callable()
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # noqa: BLE001 - a closure or lambda: only this process has it
+        return None, f"the callable cannot be loaded by reference in a worker ({type(exc).__name__})"
+    return KernelRef("callable", fn, spec.family.value), ""
+
+
+# ----------------------------------------------------------------------------------------- the worker
+def _describe(exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def differentiable(args: tuple, kwargs: dict, wanted) -> tuple[list, list]:
+    """``args`` (made a list; ``kwargs`` updated in place) with fresh leaves that require grad at
+    ``wanted`` (positions or keyword names), and those leaves in order."""
+    args, leaves = list(args), []
+    for key in wanted:
+        holder = args if isinstance(key, int) else kwargs
+        holder[key] = holder[key].detach().clone().requires_grad_(True)
+        leaves.append(holder[key])
+    return args, leaves
+
+
+def _leaked_threads() -> list[str]:
+    main = threading.main_thread()
+    return [t.name for t in threading.enumerate() if t is not main and t.is_alive() and not t.daemon]
+
+
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where one tensor lies in the arena: byte offset, shape, strides (elements), dtype, device."""
+
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    device: str
+
+    @staticmethod
+    def span(shape, stride) -> int:
+        """Elements of storage a tensor of ``shape`` and ``stride`` reaches (0 when it is empty)."""
+        if any(n == 0 for n in shape):
+            return 0
+        return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+class Arena:
+    """A shared byte buffer both processes map; tensors are copied in at 64-byte aligned offsets."""
+
+    def __init__(self, nbytes: int, buffer=None):
+        import torch
+
+        self.buffer = buffer if buffer is not None else torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+        self.cursor = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel()
+
+    @staticmethod
+    def needed(tensors) -> int:
+        return sum(_Slot.span(t.shape, t.stride()) * t.element_size() + _ALIGN for t in tensors)
+
+    def view(self, slot: _Slot):
+        import torch
+
+        dtype = getattr(torch, slot.dtype)
+        size = _Slot.span(slot.shape, slot.stride) * torch.empty((), dtype=dtype).element_size()
+        flat = self.buffer[slot.offset:slot.offset + size].view(dtype)
+        return flat.as_strided(slot.shape, slot.stride)
+
+    def put(self, tensor) -> _Slot | None:
+        """Copy ``tensor`` in (its strides kept when it is dense, e.g. transposed); None when it does not fit."""
+        stride = tuple(tensor.stride())
+        if _Slot.span(tensor.shape, stride) != tensor.numel():  # gaps or overlaps (an expanded view)
+            tensor = tensor.contiguous()
+            stride = tuple(tensor.stride())
+        size = _Slot.span(tensor.shape, stride) * tensor.element_size()
+        offset = -(-self.cursor // _ALIGN) * _ALIGN
+        if offset + size > self.nbytes:
+            return None
+        slot = _Slot(offset, tuple(tensor.shape), stride, str(tensor.dtype).removeprefix("torch."),
+                     str(tensor.device))
+        self.cursor = offset + size
+        if size:
+            self.view(slot).copy_(tensor.detach())
+        return slot
+
+    def get(self, slot: _Slot, *, copy: bool):
+        """The tensor of ``slot`` on its device (a copy when ``copy``, else a view of the arena on the CPU)."""
+        view = self.view(slot)
+        if slot.device != "cpu":
+            return view.to(slot.device)
+        return view.clone() if copy else view
+
+
+def _pack(value, arena: Arena):
+    """``value`` with every CPU/CUDA tensor in it replaced by the `_Slot` it was copied to.
+
+    A tensor that does not fit, or lies on another device (``meta``), travels as itself (pickled).
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.device.type in ("cpu", "cuda"):
+            slot = arena.put(value)
+            if slot is not None:
+                return slot
+        return value.detach()
+    if isinstance(value, tuple):
+        return tuple(_pack(v, arena) for v in value)
+    if isinstance(value, list):
+        return [_pack(v, arena) for v in value]
+    if isinstance(value, dict):
+        return {k: _pack(v, arena) for k, v in value.items()}
+    return value
+
+
+def _unpack(value, arena: Arena, *, copy: bool):
+    if isinstance(value, _Slot):
+        return arena.get(value, copy=copy)
+    if isinstance(value, tuple):
+        return tuple(_unpack(v, arena, copy=copy) for v in value)
+    if isinstance(value, list):
+        return [_unpack(v, arena, copy=copy) for v in value]
+    if isinstance(value, dict):
+        return {k: _unpack(v, arena, copy=copy) for k, v in value.items()}
+    return value
+
+
+def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the worker process
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
+    from harness.kernels.triton_interpreter import interpret_if_no_gpu
+
+    interpret_if_no_gpu()  # before the kernel's package can import triton
+    import torch
+
+    try:
+        fn = ref.load()
+    except BaseException as exc:  # noqa: BLE001 - said to the parent, which records it
+        conn.send(("load_error", _describe(exc)))
+        return
+    conn.send(("ready", os.getpid()))
+    arena = None
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        if msg[0] == "arena":
+            arena = Arena(0, buffer=msg[1])
+            continue
+        op, grad, args, kwargs, extra, cursor = msg
+        args, kwargs, extra = _unpack((args, kwargs, extra), arena, copy=False)
+        try:
+            if op == "call":
+                with torch.set_grad_enabled(grad):
+                    value = fn(*args, **kwargs)
+                reply = (("ok", value.detach()) if isinstance(value, torch.Tensor)
+                         else ("value", type(value).__name__))
+            else:  # "vjp": extra = (the differentiated args: positions or keyword names, cotangent)
+                wanted, cot = extra
+                args, leaves = differentiable(args, kwargs, wanted)
+                with torch.enable_grad():
+                    try:
+                        out = fn(*args, **kwargs)
+                    except BaseException as exc:  # noqa: BLE001 - the caller decides what it means
+                        out, reply = None, ("forward_raised", _describe(exc))
+                    if out is None:
+                        pass
+                    elif not (isinstance(out, torch.Tensor) and out.requires_grad):
+                        reply = ("not_differentiable", None)  # no autograd graph: nothing to check
+                    else:
+                        grads = torch.autograd.grad(out, leaves, cot.to(out.dtype), allow_unused=True)
+                        reply = ("ok", tuple(None if g is None else g.detach() for g in grads))
+        except BaseException as exc:  # noqa: BLE001 - any kernel failure is a finding
+            reply = ("raised", _describe(exc))
+        del args, kwargs
+        arena.cursor = cursor  # the output goes after the inputs
+        reply = (reply[0], _pack(reply[1], arena)) if reply[0] == "ok" else reply
+        try:
+            conn.send((reply, _leaked_threads()))
+        except Exception as exc:  # noqa: BLE001 - e.g. an output torch cannot share
+            conn.send((("raised", f"the output cannot be sent back to the harness: {_describe(exc)}"),
+                       _leaked_threads()))
+
+
+_CONTEXT = None
+
+
+def _context():
+    """A forkserver context whose server has imported torch and this module once (cheap forks after)."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        import torch.multiprocessing  # noqa: F401 - registers the shared-memory reductions of tensors
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.multiprocessing", "harness.kernels.isolation"])
+        _CONTEXT = ctx
+    return _CONTEXT
+
+
+@contextlib.contextmanager
+def _without_main():
+    """Start a worker without re-running the harness's ``__main__`` in it.
+
+    multiprocessing re-imports the parent's main script in a new process (for pickled references into
+    it). A worker loads its kernel by reference and never needs it; a user's script without an
+    ``if __name__ == "__main__":`` guard (or one read from stdin) would otherwise run again in every
+    worker. The real module is back in place as soon as the process has started.
+    """
+    real = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was asked to stop (SIGINT, SIGTERM); ``reason`` names the signal."""
+
+    def __init__(self, reason: str = "interrupted (SIGINT)"):
+        super().__init__(reason)
+        self.reason = reason
+
+
+_STOP: list[str] = []
+
+
+def request_stop(reason: str) -> None:
+    """Ask the run to stop: a wait for a kernel raises `Interrupted` within `POLL_S`, and the CLI's store
+    raises it after the next record. Safe to call from a signal handler (it raises nothing there: an
+    exception raised in a handler can land in a gc callback, which swallows it with a traceback)."""
+    _STOP.append(reason)
+
+
+def stop_requested() -> str | None:
+    return _STOP[0] if _STOP else None
+
+
+def clear_stop() -> None:
+    _STOP.clear()
+
+
+def raise_if_stopped() -> None:
+    if _STOP:
+        raise Interrupted(_STOP[0])
+
+
+#: How often a wait for a kernel looks for a stop request, in seconds.
+POLL_S = 0.2
+
+
+class WorkerCrashed(Exception):
+    """The worker died during a call; ``str()`` says how (exit code or signal, and its last lines)."""
+
+
+class WorkerTimeout(Exception):
+    """The call took longer than the timeout; the worker was killed."""
+
+
+class Worker:
+    """One worker process running one kernel, reused call after call until it crashes or hangs."""
+
+    def __init__(self, ref: KernelRef):
+        self.ref = ref
+        ctx = _context()
+        fd, self.log_path = tempfile.mkstemp(prefix="harness-worker-", suffix=".log")
+        os.close(fd)
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, ref, self.log_path),
+                                   name=f"harness-kernel-{ref.kind}", daemon=False)
+        with _without_main():
+            self.process.start()
+        child.close()
+        self.leaked: list[str] = []
+        self.arena: Arena | None = None
+        status, value = self._receive(START_TIMEOUT_S, starting=True)
+        if status == "load_error":
+            self.close()
+            raise WorkerCrashed(f"the worker could not load the kernel: {value}")
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def tail(self, lines: int = TAIL_LINES) -> list[str]:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 8192))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return []
+        return [ln for ln in text.splitlines() if ln.strip()][-lines:]
+
+    def _death(self) -> str:
+        self.process.join(5)
+        code = self.process.exitcode
+        if code is None:
+            how = "stopped answering"
+        elif code < 0:
+            try:
+                how = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        tail = self.tail()
+        return f"worker process {how}" + (": last output: " + " | ".join(tail) if tail else " (no output)")
+
+    def _receive(self, timeout_s: float | None, *, starting: bool = False):
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            raise_if_stopped()
+            ready = self.conn.poll(POLL_S if wait is None or wait > POLL_S else wait)
+            if ready:
+                try:
+                    return self.conn.recv()
+                except (EOFError, OSError):
+                    message = self._death()
+                    self.close()
+                    raise WorkerCrashed(message) from None
+            if not self.process.is_alive():  # died without closing the pipe first
+                message = self._death()
+                self.close()
+                raise WorkerCrashed(message)
+            if deadline is not None and time.monotonic() >= deadline:
+                self.close()
+                if starting:
+                    raise WorkerCrashed(f"the worker did not start within {timeout_s:g} s")
+                raise WorkerTimeout(f"no result after {timeout_s:g} s")
+
+    def request(self, op: str, args: tuple, kwargs: dict, grad: bool, extra: Any, timeout_s: float | None):
+        """``(status, value)``: ``("ok", tensor or tuple)``, ``("value", type name)``, ``("raised", text)``.
+
+        Raises `WorkerCrashed` or `WorkerTimeout` (the worker is then gone).
+        """
+        tensors = _tensors((args, kwargs, extra))
+        need = 2 * Arena.needed(tensors) + (1 << 16)  # inputs, and room for an output as large
+        try:
+            if self.arena is None or self.arena.nbytes < need:
+                self.arena = Arena(max(need, 1 << 22))
+                self.conn.send(("arena", self.arena.buffer))
+            self.arena.cursor = 0
+            packed = _pack((args, kwargs, extra), self.arena)
+            self.conn.send((op, grad, *packed, self.arena.cursor))
+        except (BrokenPipeError, EOFError, OSError):
+            message = self._death()
+            self.close()
+            raise WorkerCrashed(message) from None
+        try:
+            reply, leaked = self._receive(timeout_s)
+        except (WorkerCrashed, WorkerTimeout):
+            raise
+        except BaseException:  # e.g. Ctrl-C while waiting: the reply would arrive out of turn; start afresh
+            self.close()
+            raise
+        _copy_back(tensors, _tensors(packed), self.arena)
+        reply = (reply[0], _unpack(reply[1], self.arena, copy=True))
+        if leaked:
+            self.leaked = leaked
+            self.close()  # a non-daemon thread would keep the worker alive; the next call gets a fresh one
+        return reply
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.process.kill()
+            except OSError:
+                pass
+            self.process.join(5)
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+
+def _tensors(value) -> list:
+    """The tensors (or slots) in nested tuples, lists and dicts, in a stable order."""
+    import torch
+
+    if isinstance(value, (torch.Tensor, _Slot)):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _copy_back(originals: list, slots: list, arena: Arena) -> None:
+    """Write back into the harness's inputs what the kernel wrote into their arena copies."""
+    for original, slot in zip(originals, slots):
+        if not isinstance(slot, _Slot):
+            continue
+        now = arena.view(slot)
+        if not same_bits(original, now):
+            try:
+                original.copy_(now.to(original.device))
+            except RuntimeError:  # an expanded (stride 0) input cannot be written element by element
+                pass
+
+
+def same_bits(x, y) -> bool:
+    """Bit-for-bit equality (shape and dtype included) that treats NaN as equal to NaN in the same place."""
+    import torch
+
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    if x.device != y.device:
+        y = y.to(x.device)
+    return bool(torch.equal(x, y) or torch.equal(torch.nan_to_num(x, nan=0.0), torch.nan_to_num(y, nan=0.0))
+                and torch.equal(torch.isnan(x), torch.isnan(y)))
+
+
+_WORKERS: "collections.OrderedDict[tuple, Worker]" = collections.OrderedDict()
+_LOCK = threading.RLock()
+
+
+def worker_for(ref: KernelRef) -> Worker:
+    """The live worker of ``ref``, started (or restarted) when needed; least recently used ones closed."""
+    with _LOCK:
+        worker = _WORKERS.get(ref.key)
+        if worker is not None and worker.alive:
+            _WORKERS.move_to_end(ref.key)
+            return worker
+        _WORKERS.pop(ref.key, None)
+        while len(_WORKERS) >= MAX_WORKERS:
+            _, old = _WORKERS.popitem(last=False)
+            old.close()
+        _close_at_exit()
+        worker = Worker(ref)
+        _WORKERS[ref.key] = worker
+        return worker
+
+
+def shutdown() -> None:
+    """Close every worker (at exit, and from tests)."""
+    with _LOCK:
+        while _WORKERS:
+            _, worker = _WORKERS.popitem()
+            worker.close()
+
+
+_ATEXIT = False
+
+
+def _close_at_exit() -> None:
+    """Register `shutdown` at exit, after multiprocessing's own exit handler (atexit runs handlers last
+    in, first out): that handler joins every non-daemon child, and would wait forever on a live worker."""
+    global _ATEXIT
+    if not _ATEXIT:
+        import multiprocessing.util  # noqa: F401 - registers its handler first, if it has not yet
+
+        atexit.register(shutdown)
+        _ATEXIT = True
+
+
+def warm(ref: KernelRef) -> None:
+    """Start ``ref``'s worker now if it is not running, so that its start is not timed as the kernel's
+    (a worker that fails to start is reported by the `run` that follows)."""
+    with _LOCK:
+        try:
+            worker_for(ref)
+        except WorkerCrashed:
+            pass
+
+
+def run(ref: KernelRef, op: str, args: tuple, kwargs: dict, *, grad: bool = False, extra: Any = None,
+        timeout_s: float | None = None) -> tuple[str, Any, str]:
+    """One call in ``ref``'s worker: ``(status, value, note)``, never raises for what the kernel does.
+
+    status: ``ok`` | ``value`` (not a tensor: value is its type name) | ``raised`` | ``timeout`` |
+    ``crashed``; ``note`` says when the worker was replaced after the call (a leaked thread).
+    """
+    with _LOCK:  # one call at a time per process, as in-process
+        try:
+            worker = worker_for(ref)
+            status, value = worker.request(op, args, kwargs, grad, extra, timeout_s)
+        except WorkerTimeout:
+            return "timeout", None, ""
+        except WorkerCrashed as exc:
+            return "crashed", str(exc), ""
+        note = ""
+        if worker.leaked:
+            note = f"the kernel left non-daemon threads running ({', '.join(worker.leaked)}); worker replaced"
+            _WORKERS.pop(ref.key, None)
+        return status, value, note

@@ -1,0 +1,66 @@
+"""Hostile `linear_scan` kernels: each misbehaves the way kernels under development do.
+
+Each is correct when it returns (the in-tree Blelloch scan), so that the one thing a test sees is the
+misbehaviour. They are run in worker processes (`harness.kernels.isolation`) by the tests in this
+folder; `exits` and `segfaults` would end any process that ran them in-process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+
+import torch
+
+from harness.kernels.blelloch import blelloch_linear_scan
+
+
+def correct(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return blelloch_linear_scan(a, b)
+
+
+def exits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Calls ``os._exit(3)``, as a native library that gives up on an unsupported shape."""
+    print("exits: unsupported shape, giving up", flush=True)
+    os._exit(3)
+
+
+def segfaults(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Reads address 0 (SIGSEGV), as an out-of-bounds index in a compiled kernel."""
+    print(f"segfaults: reading past the end at length {a.shape[-1]}", flush=True)
+    ctypes.string_at(0)
+    raise AssertionError("unreachable")
+
+
+def segfaults_from_length_5(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Correct below length 5, a segfault from there on (a shrinker can find the boundary)."""
+    if a.shape[-1] >= 5:
+        ctypes.string_at(0)
+    return blelloch_linear_scan(a, b)
+
+
+def hangs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Never returns (a loop whose exit condition is never met)."""
+    while True:
+        time.sleep(0.05)
+
+
+def one_ulp_flaky(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Moves a random tenth of its outputs by one ulp on each call (an atomics-order reduction)."""
+    h = blelloch_linear_scan(a, b)
+    moved = torch.rand(h.shape) < 0.1
+    return torch.where(moved, torch.nextafter(h, torch.full_like(h, float("inf"))), h)
+
+
+def leaks_thread(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Right, but leaves a non-daemon thread running (a prefetcher nobody joins)."""
+    threading.Thread(target=time.sleep, args=(3600,), name="leaked-prefetcher", daemon=False).start()
+    return blelloch_linear_scan(a, b)
+
+
+def slow(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Right, and slow enough (0.2 s a call) that a run can be interrupted in its middle."""
+    time.sleep(0.2)
+    return blelloch_linear_scan(a, b)

@@ -1,0 +1,225 @@
+"""Hostile input: bad arguments, malformed files, a case file that names code, names that are markup.
+
+Each usage error must exit 2 with ``harness: error:`` (or argparse's ``error:``) naming the argument,
+its value and what was expected, and never a traceback; where a run directory is involved, the records
+already in it must be untouched. The CLI runs in this process (`harness.cli.main`), so these are fast.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.api import database_key, user_kernel_spec
+from harness.cases import load_case, save_counterexample
+from harness.cli import main
+from harness.problems import Problem
+from harness.runner import replay_command, run_case
+from harness.store import load_records
+
+KERNELS = Path(__file__).resolve().parent / "kernels.py"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    return code, out, err
+
+
+def check_args(tmp_path: Path, *extra: str, kernel: str = f"{KERNELS}:correct") -> list[str]:
+    return ["check", "--kernel", kernel, "--family", "linear_scan", "--profile", "ci", "--dtypes", "float32",
+            "--max-length", "16", "--max-examples", "2", "--report-dir", str(tmp_path / "run"),
+            "--cases-dir", str(tmp_path / "cases"), *extra]
+
+
+@pytest.mark.parametrize("source, says", [
+    ("import no_such_package_for_harness_tests\ndef k(a, b): return b\n", "ModuleNotFoundError"),
+    ("def k(a, b) return b\n", "SyntaxError"),
+    ("raise RuntimeError('needs a GPU at import')\ndef k(a, b): return b\n", "RuntimeError: needs a GPU at import"),
+    ("import sys\nsys.exit(4)\n", "SystemExit"),
+], ids=["ImportError", "SyntaxError", "raises", "sys.exit"])
+def test_a_kernel_file_that_fails_to_import_is_a_usage_error(tmp_path, capsys, source, says):
+    path = tmp_path / "user_kernel.py"
+    path.write_text(source)
+    code, _, err = run_cli(capsys, *check_args(tmp_path, kernel=f"{path}:k"))
+    assert code == 2, err
+    assert f"kernel='{path}:k'" in err and says in err, err
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--max-examples", "-3"], "--max-examples=-3 must be >= 1"),
+    (["--max-examples", "0"], "--max-examples=0 must be >= 1"),
+    (["--max-length", "0"], "--max-length=0 must be >= 1"),
+    (["--dtypes", ""], "--dtypes='' names no dtype"),
+    (["--dtypes", "float32,"], "names no dtype"),
+    (["--dtypes", "float33"], "float33"),
+    (["--timeout", "0"], "timeout='0' must be a finite number of seconds > 0"),
+    (["--timeout", "soon"], "timeout='soon' is not a number"),
+], ids=["max-examples-negative", "max-examples-0", "max-length-0", "dtypes-empty", "dtypes-trailing-comma",
+        "dtypes-unknown", "timeout-0", "timeout-text"])
+def test_a_limit_that_would_silently_mean_the_default_is_a_usage_error(tmp_path, capsys, argv, says):
+    args = check_args(tmp_path)
+    for flag, value in zip(argv[::2], argv[1::2]):  # replace the default value of the flag under test
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2 and says in err, err
+
+
+def test_check_validates_its_limits_from_python_too():
+    from harness.api import check
+    from harness.errors import InvalidArgument
+
+    for kwargs in ({"max_examples": 0}, {"max_length": -1}, {"dtypes": ()}, {"timeout_s": -1.0}):
+        with pytest.raises(InvalidArgument):
+            check("intree.blelloch_scan", **kwargs)
+
+
+def _record(tmp_path: Path) -> dict:
+    from harness.kernels.registry import get
+
+    return run_case(get("intree.blelloch_scan"), Problem(family="linear_scan", length=5, seed=3))
+
+
+@pytest.mark.parametrize("content, says", [
+    (b'{"kernel": "intree.blelloch_scan", "problem": {"family": "linear_scan", "length": 5}}\xff\xfe', "not UTF-8"),
+    (json.dumps({"kernel": "intree.blelloch_scan", "problem": {"family": "selective_scan", "length": 5,
+                                                               "groups": "x"}}).encode(), "problem is not valid"),
+    (json.dumps({"kernel": "intree.blelloch_scan", "problem": "x"}).encode(), "expected a JSON object"),
+    (json.dumps([1, 2]).encode(), "holds a JSON list"),
+    (b"{not json", "cannot be read as JSON"),
+    (json.dumps({"kernel": 3, "problem": {"family": "linear_scan", "length": 5}}).encode(), "kernel=3 is not a string"),
+], ids=["not-utf8", "groups-x", "problem-string", "list", "not-json", "kernel-not-string"])
+def test_a_malformed_case_file_is_a_usage_error(tmp_path, capsys, content, says):
+    path = tmp_path / "case.json"
+    path.write_bytes(content)
+    code, _, err = run_cli(capsys, "replay", str(path))
+    assert code == 2 and says in err and str(path) in err, err
+
+
+def test_a_malformed_problem_option_is_a_usage_error(capsys):
+    code, _, err = run_cli(capsys, "replay", "--kernel", "intree.blelloch_scan", "--problem", "{oops")
+    assert code == 2 and "--problem" in err, err
+    code, _, err = run_cli(capsys, "replay", "--kernel", "intree.blelloch_scan", "--problem", "[1]")
+    assert code == 2 and "expected a JSON object" in err, err
+
+
+def test_a_records_line_that_is_json_but_not_an_object_is_named(tmp_path, capsys):
+    from harness.store import dumps
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text(dumps(_record(tmp_path)) + "\n[1, 2, 3]\n")
+    code, _, err = run_cli(capsys, "report", str(run))
+    assert code == 2 and "line 2" in err and "expected one JSON object per line" in err, err
+    (run / "records.jsonl").write_text(dumps(_record(tmp_path)) + '\n{"kernel": "cut sho')  # a crash's cut line
+    assert len(load_records(run)) == 1  # is still skipped, the complete line kept
+
+
+@pytest.mark.parametrize("text, says", [
+    ('kernels = ["intree.blelloch_scan"\n[grid]\nlength = [4]\n', "is not valid TOML"),
+    ('kernels = ["intree.blelloch_scan"]\nkernals = ["x"]\n[grid]\nlength = [4]\n', "unknown key(s) ['kernals']"),
+    ('kernels = ["intree.blelloch_scan"]\n[grid]\nlenght = [4]\n', "unknown key(s) ['lenght']"),
+    ('kernels = ["intree.blelloch_scan"]\n[grid]\nlength = ["long"]\n', "length='long'"),
+    ('kernels = ["intree.blelloch_scan"]\n[grid]\nlength = []\n', "empty"),
+    ('[[group]]\nkernels = ["intree.no_such"]\n[group.grid]\nlength = [4]\n', "intree.no_such"),
+], ids=["syntax", "unknown-top-key", "unknown-grid-key", "wrong-type", "empty-axis", "unknown-kernel"])
+def test_a_malformed_sweep_file_is_a_usage_error(tmp_path, capsys, text, says):
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    code, _, err = run_cli(capsys, "sweep", str(path), "--report-dir", str(tmp_path / "run"))
+    assert code == 2 and says in err and str(path) in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_diff_of_missing_or_empty_directories_is_a_usage_error(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "diff", str(tmp_path / "nope-a"), str(tmp_path / "nope-b"))
+    assert code == 2 and "base=" in err and "is not a directory" in err, err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli(capsys, "diff", str(tmp_path / "empty"), str(tmp_path / "empty"))
+    assert code == 2 and "holds no records" in err, err
+
+
+def test_a_reused_report_dir_is_refused_unless_append(tmp_path, capsys):
+    code, _, err = run_cli(capsys, *check_args(tmp_path))
+    assert code == 0, err
+    first = (tmp_path / "run" / "records.jsonl").read_text()
+    assert len(first.splitlines()) == 2
+    code, _, err = run_cli(capsys, *check_args(tmp_path))
+    assert code == 2 and "--report-dir=" in err and "--append" in err, err
+    assert (tmp_path / "run" / "records.jsonl").read_text() == first  # the earlier run is untouched
+    code, out, err = run_cli(capsys, *check_args(tmp_path, "--append"))
+    assert code == 0, err
+    assert len(load_records(tmp_path / "run")) == 4 and "**4 cases**" in out
+
+
+def test_counterexample_names_cannot_collide(tmp_path):
+    problem = Problem(family="linear_scan", length=3, seed=1)
+    stem = "user." + "k" * 90
+    paths = []
+    for suffix in ("_a", "_b", "/a", ":a"):  # same first 80 characters, or the same once slugged
+        record = {"kernel": stem + suffix, "verdict": "divergent"}
+        paths.append(save_counterexample(record, problem, directory=tmp_path))
+    assert len(set(paths)) == 4 and all(p.is_file() for p in paths)
+    assert [load_case(p).kernel for p in paths] == [stem + s for s in ("_a", "_b", "/a", ":a")]
+    again = save_counterexample({"kernel": stem + "_a"}, problem.replace(length=2), directory=tmp_path)
+    assert again == paths[0]  # one kernel keeps one file: a smaller case replaces the earlier one
+
+
+def test_replay_never_imports_what_a_case_file_names_unless_told(tmp_path, capsys):
+    marker = tmp_path / "imported.txt"
+    evil = tmp_path / "evil.py"
+    evil.write_text(textwrap.dedent(f'''
+        from pathlib import Path
+        Path({str(marker)!r}).write_text("this ran")
+        from harness.kernels.blelloch import blelloch_linear_scan as k
+    '''))
+    target = f"{evil}:k"
+    case = save_counterexample({"kernel": f"user.{target}"}, Problem(family="linear_scan", length=4, seed=1),
+                               directory=tmp_path / "cases", kernel_target=target)
+    code, _, err = run_cli(capsys, "replay", str(case))
+    assert code == 2 and "--trust-case-file" in err and f"--kernel {target}" in err, err
+    assert not marker.exists(), "replay imported the file a case file names"
+    code, out, err = run_cli(capsys, "replay", str(case), "--kernel", target)
+    assert code == 0 and "equivalent" in out and marker.exists(), err
+
+
+def test_a_user_kernels_replay_line_names_its_target_quoted(tmp_path, capsys):
+    folder = tmp_path / "my kernels; rm -rf ~"
+    folder.mkdir()
+    (folder / "k.py").write_text("from harness.kernels.blelloch import blelloch_linear_scan as scan\n")
+    spec = user_kernel_spec(f"{folder / 'k.py'}:scan", family="linear_scan")
+    line = replay_command(spec, Problem(family="linear_scan", length=4, seed=2))
+    argv = shlex.split(line)
+    assert argv[:4] == ["harness", "replay", "--kernel", f"{folder / 'k.py'}:scan"], line
+    code, out, err = run_cli(capsys, *argv[1:])
+    assert code == 0 and "equivalent" in out, err
+
+
+def test_names_are_escaped_in_the_markdown_report(tmp_path):
+    from harness.report import write_report
+
+    record = dict(_record(tmp_path), kernel="<img src=x onerror=alert(1)>|`x`[y](z)")
+    write_report([record], {}, tmp_path / "report", plots=False)
+    index = (tmp_path / "report" / "index.md").read_text()
+    assert "<img" not in index and "&lt;img src=x onerror=alert(1)&gt;\\|\\`x\\`\\[y\\](z)" in index
+
+
+def test_each_kernel_has_its_own_example_database_key():
+    from harness.kernels.registry import get
+
+    a, b = get("intree.blelloch_scan"), get("intree.sequential_scan")
+    assert database_key(a, None) != database_key(b, None)
+    assert database_key(a, None) == database_key(a, None)
+    assert database_key(a, None) != database_key(a, "x.py:fn")

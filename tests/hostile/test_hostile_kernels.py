@@ -1,0 +1,147 @@
+"""Hostile kernels cost one record each, never the run (`harness.kernels.isolation`).
+
+Each test runs a kernel that misbehaves (tests/hostile/kernels.py) between correct ones, in worker
+processes (the CLI's default; the suite's own default is in-process, see conftest.py), and asserts the
+outcome it must be recorded with and that every record taken before it is still there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.api import check, user_kernel_spec
+from harness.problems import Problem
+from harness.runner import RunOptions, run_cases
+from harness.store import RunStore, load_header, load_records
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = Path(__file__).resolve().parent / "kernels.py"
+ISOLATED = RunOptions(timeout_s=20.0, isolation="process")
+
+
+def spec(name: str):
+    return user_kernel_spec(f"{KERNELS}:{name}", family="linear_scan")
+
+
+def problem(length: int = 17, seed: int = 1) -> Problem:
+    return Problem(family="linear_scan", length=length, dtype="float32", batch=2, dim=3, seed=seed)
+
+
+def harness(cwd: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("HARNESS_ISOLATION", None)
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _out(proc) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+
+
+def _between_correct_runs(tmp_path: Path, name: str, options: RunOptions = ISOLATED) -> list[dict]:
+    """correct, NAME, correct, NAME, correct: the records as stored, in order."""
+    cases = [(spec(n), problem(seed=i)) for i, n in enumerate(["correct", name, "correct", name, "correct"])]
+    with RunStore(tmp_path / "run") as store:
+        run_cases(cases, options, store=store)
+    return [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name, says", [("exits", "exited with code 3"), ("segfaults", "killed by signal SIGSEGV")])
+def test_a_crash_costs_one_record(tmp_path, name, says):
+    stored = _between_correct_runs(tmp_path, name)
+    assert [r["outcome"] for r in stored] == ["ok", "crashed", "ok", "crashed", "ok"]
+    assert [r["verdict"] for r in stored] == ["equivalent", "kernel_error", "equivalent", "kernel_error", "equivalent"]
+    crashed = stored[1]
+    assert crashed["cause"] == "crashed" and says in crashed["error"], crashed["error"]
+    assert name + ":" in crashed["error"], "the worker's last output belongs in the record"
+    assert crashed["isolation"] == "process"
+
+
+def test_a_crashing_kernel_in_harness_check_keeps_every_record(tmp_path):
+    proc = harness(tmp_path, "check", "--family", "linear_scan", "--kernel", f"{KERNELS}:segfaults_from_length_5",
+                   "--profile", "ci", "--dtypes", "float32", "--max-length", "64", "--max-examples", "12",
+                   "--report-dir", "run", "--cases-dir", "cases")
+    assert proc.returncode == 1, _out(proc)
+    assert "crashed" in proc.stdout and "SIGSEGV" in proc.stdout, _out(proc)
+    records = load_records(tmp_path / "run")
+    outcomes = {r["outcome"] for r in records}
+    assert outcomes == {"ok", "crashed"}, outcomes  # the cases before (and after) the crashes are kept
+    assert all(r["length"] >= 5 for r in records if r["outcome"] == "crashed")
+    saved = json.loads(next((tmp_path / "cases").glob("*.json")).read_text())
+    assert saved["found"]["outcome"] == "crashed" and saved["problem"]["length"] == 5  # shrunk to the boundary
+    index = (tmp_path / "run" / "index.md").read_text()
+    assert "crashed" in index
+
+
+def test_a_hang_is_recorded_once_and_the_run_goes_on(tmp_path):
+    began = time.perf_counter()
+    stored = _between_correct_runs(tmp_path, "hangs", RunOptions(timeout_s=0.5, isolation="process"))
+    assert [r["outcome"] for r in stored] == ["ok", "timeout", "ok", "timeout", "ok"]
+    assert "0.5 s" in stored[1]["error"]
+    assert time.perf_counter() - began < 30
+
+
+def test_check_stops_at_a_timeout_instead_of_shrinking_it(tmp_path):
+    began = time.perf_counter()
+    with RunStore(tmp_path / "run") as store:
+        result = check(f"{KERNELS}:hangs", family="linear_scan", profile="ci", max_examples=20, timeout_s=0.5,
+                       isolation="process", store=store, counterexample_dir=tmp_path / "cases")
+    assert result.failure["outcome"] == "timeout" and not result.passed
+    assert len(load_records(tmp_path / "run")) == 1  # recorded once: no shrinking, no replay of the hang
+    assert "not shrunk or re-run" in result.message and "--timeout" in result.message
+    assert result.counterexample is not None and result.counterexample.is_file()
+    assert time.perf_counter() - began < 20
+
+
+def test_a_one_ulp_flaky_kernel_is_nondeterministic_not_a_hypothesis_error(tmp_path):
+    with RunStore(tmp_path / "run") as store:
+        result = check(f"{KERNELS}:one_ulp_flaky", family="linear_scan", profile="ci", max_examples=10,
+                       dtypes=("float32",), max_length=64, isolation="process", store=store,
+                       counterexample_dir=tmp_path / "cases")
+    assert result.failure is not None
+    assert result.failure["outcome"] == "nondeterministic" and result.failure["verdict"] == "kernel_error"
+    assert "nondeterministic" in result.message
+    assert len(load_records(tmp_path / "run")) == len(result.records) >= 1
+
+
+def test_a_leaked_thread_neither_keeps_the_harness_alive_nor_goes_unsaid(tmp_path):
+    proc = harness(tmp_path, "check", "--family", "linear_scan", "--kernel", f"{KERNELS}:leaks_thread",
+                   "--profile", "ci", "--dtypes", "float32", "--max-length", "32", "--max-examples", "3",
+                   "--report-dir", "run", timeout=120)
+    assert proc.returncode == 0, _out(proc)  # and it returned: subprocess.run did not time out
+    records = load_records(tmp_path / "run")
+    assert len(records) == 3 and all(r["verdict"] == "equivalent" for r in records)
+    assert all("leaked-prefetcher" in r.get("isolation_note", "") for r in records), records[0]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_keeps_its_records_and_says_it_is_partial(tmp_path, sig):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "check", "--family", "linear_scan", "--kernel",
+                             f"{KERNELS}:slow", "--profile", "ci", "--dtypes", "float32", "--max-length", "16",
+                             "--max-examples", "200", "--report-dir", "run"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # an xdist worker ignores SIGINT, and a child inherits that (the harness then
+                            # leaves it ignored, as a background job's): give the child the default back
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    records = tmp_path / "run" / "records.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not records.is_file() or len(records.read_text().splitlines()) < 2):
+        time.sleep(0.2)
+    taken = len(records.read_text().splitlines())
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, f"exit {proc.returncode}\n{out[-2000:]}\n{err[-2000:]}"
+    assert "Traceback" not in err, err
+    assert len(load_records(tmp_path / "run")) >= taken >= 2
+    header = load_header(tmp_path / "run")
+    assert header["partial"] is True and header["status"].startswith("PARTIAL"), header
+    assert "PARTIAL" in (tmp_path / "run" / "index.md").read_text()
