@@ -10,7 +10,7 @@ Gradients have no conditioning companion of their own, so the bound is normwise:
 is a sum of at most ``n`` terms, n the number of output elements (a parameter shared over time, batch
 and channels, such as A, B or D, sums that many), and a recursive sum of n terms errs by at most about
 ``n u sum|terms|`` (Higham's gamma_n). The trace handed to `measure` has ``growth = n * s`` with
-``s = max(max |reference gradient|, max|cotangent| * max m / max|x|)``, m the forward output's
+``s_i = max(max |reference gradient|, max|cotangent| * max m / |x_i|)`` (`natural_scale`), m the forward output's
 conditioning companion (the sum of the absolute values of its terms, `Trace.magnitude`): the second
 term is the natural size of the terms of dy/dx (each product term of y is linear in each input, so
 ``|x| |d term/dx| = |term|``), so that a gradient that is exactly zero by cancellation still has a
@@ -147,10 +147,56 @@ GRAD_OPS = 8
 GRADIENT_SLACK = 64.0
 
 
-def _gradient_trace(ref: torch.Tensor, n_terms: int, natural_scale: float) -> Trace:
+def natural_scale(cot_max: float, magnitude_max: float, x: torch.Tensor) -> torch.Tensor:
+    """Per element of input ``x``: the size of the terms of the gradient with respect to it,
+    ``max|cotangent| * max m / |x_i|`` (a product term t of y is linear in x_i, so ``|dt/dx_i| = |t| / |x_i|``).
+
+    Per element, not over ``max|x|``: the terms of an element are large where that element is small (dv = 1,
+    eps = 0: ``d sign(o)/dq_i`` is 0 through terms of size ``1/|q_i|``); dividing by ``max|x|`` called a
+    correct normed kernel's exact 0 divergent against the oracle's -1e-16 (q = [1, 0, ..., 3e9]). An
+    input of exactly 0 takes the smallest nonzero ``|x_j|`` instead (a finite scale; a floor relative to
+    ``max|x|`` would again shrink the scale of the small elements beside a large one).
+    """
+    nonzero = x.abs()[x != 0]
+    floor = float(nonzero.min()) if nonzero.numel() else 1.0
+    return cot_max * magnitude_max / x.abs().clamp_min(floor)
+
+
+def term_scale(problem: Problem, x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...],
+               convention: RetentionConvention) -> dict[str, torch.Tensor] | None:
+    """Per element of each input: the sum of the absolute values of the terms of its gradient, where the
+    family's output is multilinear in its inputs (None for the selective scan, whose A enters through exp).
+
+    A multilinear function's terms are products; the sum of their absolute values is the same function
+    of the absolute inputs (and decays), pulled back along ``|cotangent|``. For the normed family the norm's
+    Jacobian ``d(o_j/r)/do_i = delta_ij / r - o_i o_j / (dv r^3)`` is bounded term by term, which gives the
+    cotangent ``|g_j| / r + |o_j| sum_i |g_i o_i| / (dv r^3)`` for the raw retention. This is what
+    cancellation leaves as rounding where an exact gradient is 0 (y = sign(o) at dv = 1, eps = 0: terms of
+    size ``|g| |q_6| |v| / r`` for an input k_6 = 0 beside q_6 = 3e9).
+    """
+    from reference_impls import autograd as ad
+
+    fam = problem.family
+    ax = {k: v.abs() for k, v in x.items()}
+    if fam is Family.LINEAR_SCAN:
+        return _vjp(lambda v: ad.linear_recurrence(v["a"], v["b"]), ax, names, cot.abs())
+    if fam not in (Family.RETENTION, Family.RETENTION_NORMED):
+        return None
+    gamma = [abs(gm) for gm in convention.gammas(problem.heads)]
+    scale = abs(convention.scale(problem.dk))
+    c = cot.abs()
+    if fam is Family.RETENTION_NORMED:
+        o = ad.retention(x["q"], x["k"], x["v"], list(convention.gammas(problem.heads)), convention.scale(problem.dk))
+        dv = o.shape[-1]
+        r = torch.sqrt((o * o).sum(-1, keepdim=True) / dv + problem.eps)
+        c = c / r + o.abs() * (c * o.abs()).sum(-1, keepdim=True) / (dv * r ** 3)
+    return _vjp(lambda v: ad.retention(v["q"], v["k"], v["v"], gamma, scale), ax, names, c)
+
+
+def _gradient_trace(ref: torch.Tensor, n_terms: int, natural: torch.Tensor) -> Trace:
     """A trace for a gradient: the normwise bound of a sum of ``n_terms`` terms (see the module doc)."""
-    top = max(float(ref.abs().max()) if ref.numel() else 0.0, natural_scale)
-    scale = torch.full_like(ref, top * (n_terms + GRAD_OPS) * GRADIENT_SLACK)
+    top = torch.maximum(natural.to(ref.dtype), ref.abs().max() if ref.numel() else torch.zeros((), dtype=ref.dtype))
+    scale = top * float((n_terms + GRAD_OPS) * GRADIENT_SLACK)
     zero = torch.zeros_like(ref)
     return Trace(out=ref, magnitude=zero, growth=scale, state_peak=zero, decay_peak=zero)
 
@@ -202,6 +248,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     x64 = {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
     y_scale = float(reference_trace(problem, x64, spec.convention).magnitude.max())
     want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
+    terms = term_scale(problem, x64, g, names, spec.convention)
     base = None
     if storage != "float64":
         low = {k: v.to(DTYPE_NAMES[storage]) for k, v in x64.items()}
@@ -216,7 +263,9 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         if actual is None:
             actual = torch.zeros_like(inputs[name])  # the kernel ignores an input the oracle depends on
         axis = -1
-        natural = float(g.abs().max()) * y_scale / max(float(x64[name].abs().max()), 1e-300)
+        natural = natural_scale(float(g.abs().max()), y_scale, x64[name])
+        if terms is not None and terms.get(name) is not None:
+            natural = torch.maximum(natural, terms[name])
         div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural), dtype=precision,
                       tf32=problem.tf32,
                       baseline=None if base is None or base[name] is None else base[name].detach(),

@@ -119,3 +119,20 @@ def test_a_wrong_backward_through_the_norm_is_still_found():
     records = gradient_case(spec, Problem("retention_normed", 24, dtype="float64", batch=1, heads=2, dk=4, dv=4,
                                           eps=1e-6, seed=3))
     assert any(r["verdict"] == "divergent" for r in records), [r["why"] for r in records]
+
+
+def test_a_small_input_beside_a_large_one_keeps_its_own_scale():
+    """q = [1, 0, ..., 0, 3e9], dv = 1, eps = 0: the gradient with respect to q_0 is exactly 0 through two
+    terms of size |g| m / |q_0| (~2); the kernel gives 0, the oracle -1e-16. A scale divided by max|q|
+    (3e9) called this correct kernel divergent at cond 1.0000000003 once the ci draws reached it."""
+    from harness.gradients import natural_scale
+
+    problem = Problem.from_dict({"family": "retention_normed", "length": 1, "dtype": "float64", "regime": "large",
+                                 "seed": 0, "batch": 1, "heads": 1, "dk": 7, "dv": 1, "eps": 0.0,
+                                 "values": {"k": [11.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                                            "q": [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3063061609.0], "v": [57.0]}})
+    records = gradient_case(get("intree.retention_normed_parallel"), problem)
+    assert {r["grad_of"] for r in records} == {"q", "k", "v"}
+    assert all(r["verdict"] == "equivalent" for r in records), [r["why"] for r in records]
+    scale = natural_scale(1.0, 3.0, torch.tensor([1.0, 0.0, 3e9], dtype=torch.float64))
+    assert scale.tolist() == pytest.approx([3.0, 3.0, 1e-9], rel=1e-12)  # per element; an exact 0: smallest nonzero |x|
