@@ -98,6 +98,9 @@ class Finding:
             who = f"{kernel_list(self.kernels)} ({', '.join(self.dtypes)})"
             if self.regimes and self.verdict != "equivalent":
                 who += f", regime{'s' if len(self.regimes) > 1 else ''} {', '.join(self.regimes)}"
+        from harness.report import markdown_escape  # kernel names come from users: shown, never rendered
+
+        who = markdown_escape(who)
         phrase = CAUSE_PHRASES.get(self.cause)
         what = f"{self.verdict}, {self.cause}" + (f" ({phrase})" if phrase else "")
         tail = VERDICT_TAILS.get(self.verdict)

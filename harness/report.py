@@ -450,17 +450,19 @@ def _md_cell(text: str, max_chars: int | None = None) -> str:
 
 
 def table_markdown(df: pd.DataFrame, *, drop_constant: Sequence[str] = (), max_chars: dict[str, int] | None = None,
-                   index: bool = False) -> str:
+                   index: bool = False, markup: Sequence[str] = ()) -> str:
     """A table as GitHub Markdown (tabulate's "github" format), values formatted with "{:.3g}".
 
-    Columns named in ``drop_constant`` are left out when they hold one value on every row.
+    Columns named in ``drop_constant`` are left out when they hold one value on every row. Every cell is
+    escaped (`markdown_escape`) except in the ``markup`` columns, which hold Markdown the report made itself
+    (links to its figures).
     """
     from tabulate import tabulate
 
     cols = [c for c in df.columns
             if not (c in drop_constant and len(df) and df[c].astype(str).nunique(dropna=False) <= 1)]
     max_chars = max_chars or {}
-    body = [[_md_cell(format_value(v), max_chars.get(c)) for c, v in zip(cols, row)]
+    body = [[str(v) if c in markup else _md_cell(format_value(v), max_chars.get(c)) for c, v in zip(cols, row)]
             for row in df[cols].itertuples(index=False, name=None)]
     headers = list(cols)
     if index:
@@ -594,7 +596,8 @@ def _index_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, A
             names = [case_figure_name({"kernel": k, "case": c}) for k, c in zip(shown["kernel"], shown["case"])]
             shown["figure"] = [f"[figure]({n})" if n in case_figures else "-" for n in names]
             cols.insert(0, "figure")
-        body = [table_markdown(shown[cols], drop_constant=("eps", "chunk_size"), max_chars={"why": 160}, index=True),
+        body = [table_markdown(shown[cols], drop_constant=("eps", "chunk_size"), max_chars={"why": 160}, index=True,
+                               markup=("figure",)),
                 ""]
         if len(failures) > len(shown):
             body += [f"_{len(failures) - len(shown)} more in failures.csv._", ""]

@@ -54,7 +54,7 @@ def test_mamba_seed_findings(seed_records):
         "input_overflow (the inputs overflow the dtype)**: max |A - B| inf (float32 L=256 unstable); against the "
         "oracle: A out_of_domain, B out_of_domain; no kernel at fault (3 cases)",
         "Everything else (4 kernels and 1 pair; float32): **equivalent, rounding (within the rounding bound)**: "
-        "worst cond 0.365 (intree.blelloch_selective_scan float32 L=64 unstable) (35 cases)",
+        "worst cond 0.352 (intree.blelloch_selective_scan float32 L=64 unstable) (35 cases)",
     ]
 
 
@@ -62,14 +62,14 @@ def test_retnet_seed_findings(seed_records):
     lines = [f.line() for f in findings(seed_records["retnet_seed"])]
     assert lines == [
         "torchscale.{chunkwise, parallel, recurrent} (float64, float32), regime ramp: **divergent, eps_effect "
-        "(through the norm's eps only)**: cond 3.74e+05 at eps 1e-05, 3.26e+05 at 1e-06, 2.21e+05 at 1e-08, "
-        "0.107 at eps 0 (the same cases rerun); first mismatch at t=1 (18 cases)",
+        "(through the norm's eps only)**: cond 2.89e+05 at eps 1e-05, 2.52e+05 at 1e-06, 1.7e+05 at 1e-08, "
+        "0.085 at eps 0 (the same cases rerun); first mismatch at t=1 (18 cases)",
         "torchscale.parallel vs torchscale.chunkwise, torchscale.parallel vs torchscale.recurrent, "
         "torchscale.recurrent vs torchscale.chunkwise (float64, float32), regime ramp: **divergent, eps_effect "
         "(through the norm's eps only)**: max |A - B| 0.301 at eps 1e-05, 0.182 at 1e-06, 0.00316 at 1e-08; "
         "against the oracle: A divergent, B divergent (18 cases)",
         "Everything else (4 kernels and 3 pairs; float64, float32): **equivalent, rounding (within the rounding "
-        "bound)**: worst cond 0.158 (intree.retention_normed_chunkwise float64 L=16 ramp) (20 cases)",
+        "bound)**: worst cond 0.105 (intree.retention_normed_chunkwise float32 L=16 ramp) (20 cases)",
     ]
 
 
@@ -129,10 +129,10 @@ def test_planted_bug_findings(planted_run):
     records, paths = planted_run
     assert findings_markdown(records).splitlines() == [
         "1. planted.scan_drops_carry_after_block_8 (float64, float32), regime trained: **divergent, kernel_bug "
-        "(beyond the rounding bound and the same-dtype loop: a kernel bug)**: worst cond 4.78e+14 (float64 "
+        "(beyond the rounding bound and the same-dtype loop: a kernel bug)**: worst cond 3.78e+14 (float64 "
         "L=1024 trained); first mismatch at t=512 (2 cases)",
         "2. Everything else (2 kernels; float64, float32): **equivalent, rounding (within the rounding bound)**: "
-        "worst cond 0.207 (intree.blelloch_scan float64 L=1024 trained) (6 cases)",
+        "worst cond 0.173 (intree.blelloch_scan float32 L=256 trained) (6 cases)",
     ]
     index = paths.index.read_text().splitlines()
     assert index[4] == "## Findings"

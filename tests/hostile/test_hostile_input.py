@@ -37,7 +37,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 def check_args(tmp_path: Path, *extra: str, kernel: str = f"{KERNELS}:correct") -> list[str]:
     return ["check", "--kernel", kernel, "--family", "linear_scan", "--profile", "ci", "--dtypes", "float32",
             "--max-length", "16", "--max-examples", "2", "--report-dir", str(tmp_path / "run"),
-            "--cases-dir", str(tmp_path / "cases"), *extra]
+            "--cases-dir", str(tmp_path / "cases"), "--no-grad", *extra]  # forward records only: counted below
 
 
 @pytest.mark.parametrize("source, says", [
