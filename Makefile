@@ -67,12 +67,15 @@ device-bundle:
 
 # A sweep exits 1 when it finds a divergent case: a finding to read in the report, not a failed job.
 report:
+	rm -rf $(RUN)  # a fresh run each time (harness refuses to reuse a run directory without --append)
 	$(PYTHON) -m harness sweep default --report-dir $(RUN) --quiet; test $$? -le 1
 
 sweep:
+	rm -rf reports/sweep-$(or $(NAME),default)
 	$(PYTHON) -m harness sweep $(or $(NAME),default) --report-dir reports/sweep-$(or $(NAME),default); test $$? -le 1
 
 seeds:
+	rm -rf reports/mamba-seed reports/retnet-seed
 	$(PYTHON) -m harness sweep mamba_seed --report-dir reports/mamba-seed --quiet; test $$? -le 1
 	$(PYTHON) -m harness sweep retnet_seed --report-dir reports/retnet-seed --quiet; test $$? -le 1
 
@@ -91,6 +94,7 @@ gate: report
 	$(PYTHON) -m harness gate $(RUN) --baseline reports/baseline
 
 baseline:
+	rm -rf reports/baseline-run
 	$(PYTHON) -m harness sweep default --report-dir reports/baseline-run --quiet; test $$? -le 1
 	$(PYTHON) -m harness update-baseline reports/baseline-run --baseline reports/baseline
 

@@ -842,7 +842,7 @@ def test_gpu_check_cut_short_by_its_outer_limit_still_reports(tmp_path: Path) ->
     env.update(PYTHON=sys.executable, GPU_CHECK_TOTAL_S="40", FINISH_S="6", CASE_MARGIN_S="0",
                DEVICE_BUNDLE=str(tmp_path / "no-bundle"))
     # thousands of short cases, and --budget-s after the script's own (it wins): only the outer limit ends it
-    lengths = ",".join(str(n) for n in range(8, 300))
+    lengths = ",".join(str(n) for n in range(8, 4000))  # far more than 40 s of cases even on an idle machine
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--device", "cpu",
                            "--kernels", "intree.blelloch_scan,intree.sequential_scan", "--lengths", lengths,
                            "--budget-s", "1000", "--no-report"],
