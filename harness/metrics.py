@@ -74,18 +74,18 @@ at a core's memory bandwidth (``docs/performance.md``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from harness import _compiled_measure, dtypes
 from harness.errors import InvalidArgument
+from reference_impls._loop import single_threaded
 
 #: The condition-normalized error above which an element counts as mismatched. 1.0 is the a-priori
 #: bound itself (see the module docstring); `harness.verdict.COND_THRESHOLD` is this constant, kept here
@@ -251,23 +251,11 @@ def _plain(value: Any) -> Any:
 CHUNK_ELEMENTS: int = 1 << 19
 
 
-@contextlib.contextmanager
-def _single_threaded() -> Iterator[None]:
-    """Run torch's CPU ops on one thread, restoring the caller's setting afterwards.
-
-    The measurements are memory-bound elementwise passes: a second thread gains little, and when the
-    cores are shared with other processes each of the several hundred parallel regions can wait a
-    scheduler slice for a descheduled worker, which turned 0.2 s into 5-17 s on a busy 2-core machine.
-    """
-    before = torch.get_num_threads()
-    if before == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+#: torch on one thread during the measurement pass: memory-bound elementwise passes gain little from a
+#: second thread, and on a shared machine each of several hundred parallel regions can wait a scheduler
+#: slice for a descheduled worker (0.2 s became 5-17 s on a busy 2-core machine). The one definition is
+#: the oracles' (`reference_impls._loop.single_threaded`).
+_single_threaded = single_threaded
 
 
 def _first_true(mask: torch.Tensor) -> int | None:
