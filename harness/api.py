@@ -109,6 +109,18 @@ def derandomized_seed(spec: KernelSpec, target: str | None) -> int:
     return int.from_bytes(database_key(spec, target)[:8], "big")
 
 
+def key_search(search: Callable, spec: KernelSpec, target: str | None, profile: str | None = None) -> None:
+    """Give a hypothesis search on ``spec`` its own example-database key and, in a derandomized profile
+    (ci), draws seeded from the kernel (`derandomized_seed`): `check` and the suite's own searches alike."""
+    from hypothesis import settings
+
+    from harness.settings import active_profile
+
+    search._hypothesis_internal_database_key = database_key(spec, target)
+    if settings.get_profile(profile or active_profile()).derandomize:
+        search._hypothesis_internal_use_seed = derandomized_seed(spec, target)
+
+
 def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = None, profile: str | None = None,
           dtypes: tuple[str, ...] | None = None, device: str = "cpu", max_length: int | None = None,
           max_examples: int | None = None, policy=None, store=None, counterexample_dir: Path | None = None,
@@ -208,9 +220,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
         if record["verdict"] in FAILING_VERDICTS:
             raise fail(record)  # one place: hypothesis tells failures apart by where they are raised
 
-    search._hypothesis_internal_database_key = database_key(spec, target)
-    if settings.get_profile(profile).derandomize:  # the ci profile: draws fixed by the kernel, not by this code
-        search._hypothesis_internal_use_seed = derandomized_seed(spec, target)
+    key_search(search, spec, target, profile)
     try:
         search()
         result.failure = None
