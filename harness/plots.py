@@ -277,7 +277,7 @@ def oracle_state_series(record: Mapping[str, Any]) -> tuple[Any, Any] | str:
     try:
         convention = registry.get(str(record.get("kernel"))).convention
     except HarnessError:
-        if problem.family.value.startswith("retention"):
+        if problem.definition.has_convention:
             return "the kernel is not registered here, so its retention convention is unknown"
         convention = RETNET  # scans have no convention
     inputs = problem.replace(device="cpu").make_inputs()

@@ -23,27 +23,20 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from harness import dtypes
+from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
 from harness.kernels import isolation
 from harness.kernels.guard import call_guarded
 from harness.problems import Problem
 from harness.verdict import Judgement, Policy, Verdict, domain_kind, judge
 
-#: Order of the tensor arguments of each family's call.
-ARG_ORDER: dict[Family, tuple[str, ...]] = {
-    Family.LINEAR_SCAN: ("a", "b"),
-    Family.SELECTIVE_SCAN: ("u", "delta", "A", "B", "C", "D", "z", "delta_bias"),
-    Family.RETENTION: ("q", "k", "v"),
-    Family.RETENTION_NORMED: ("q", "k", "v"),
-}
+#: Order of the tensor arguments of each family's call (each family's ``arg_order``).
+ARG_ORDER: dict[Family, tuple[str, ...]] = {Family.parse(n): families.get(n).arg_order for n in families.MODULES}
 
 
 def output_shape(problem: Problem) -> tuple[int, ...]:
     """The shape the family's contract promises for ``problem``."""
-    if problem.family in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
-        return (problem.batch, problem.dim, problem.length)
-    return (problem.batch, problem.length, problem.heads, problem.dv)
+    return problem.definition.output_shape(problem)
 
 
 def call_args(problem: Problem, inputs: dict[str, torch.Tensor],
@@ -52,45 +45,17 @@ def call_args(problem: Problem, inputs: dict[str, torch.Tensor],
 
     ``chunk_size`` is passed only to kernels that take one (a pair of forms shares one problem).
     """
-    fam = problem.family
     kwargs = problem.call_kwargs()
     if spec is not None and not spec.capabilities.takes_chunk:
         kwargs.pop("chunk_size", None)
-    if fam is Family.SELECTIVE_SCAN:
-        args = tuple(inputs[n] for n in ("u", "delta", "A", "B", "C"))
-        for name in ("D", "z", "delta_bias"):
-            if name in inputs:
-                kwargs[name] = inputs[name]
-        return args, kwargs
-    args = tuple(inputs[n] for n in ARG_ORDER[fam])
-    if fam is Family.RETENTION_NORMED:
-        args = args + (problem.eps,)
-    return args, kwargs
+    return problem.definition.call_args(problem, inputs, kwargs)
 
 
 def reference_trace(problem: Problem, inputs: dict[str, torch.Tensor],
                     convention: RetentionConvention = RETNET):
     """The float64 oracle's `Trace` on the (already rounded) ``inputs``."""
     x = {k: v.detach().to(device="cpu", dtype=torch.float64) for k, v in inputs.items()}
-    fam = problem.family
-    if fam is Family.LINEAR_SCAN:
-        from reference_impls.linear_recurrence import linear_recurrence_trace
-
-        return linear_recurrence_trace(x["a"], x["b"])
-    if fam is Family.SELECTIVE_SCAN:
-        from reference_impls.selective_scan import selective_scan_trace
-
-        return selective_scan_trace(x["u"], x["delta"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"),
-                                    delta_bias=x.get("delta_bias"), delta_softplus=problem.delta_softplus)
-    gamma = list(convention.gammas(problem.heads))
-    scale = convention.scale(problem.dk)
-    if fam is Family.RETENTION:
-        from reference_impls.retention import retention_trace
-
-        return retention_trace(x["q"], x["k"], x["v"], gamma=gamma, scale=scale)
-    from reference_impls.retention import retention_normed_trace
-
-    return retention_normed_trace(x["q"], x["k"], x["v"], problem.eps, gamma=gamma, scale=scale)
+    return problem.definition.trace(problem, x, convention)
 
 
 def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],
@@ -103,9 +68,7 @@ def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],
     fn = baseline_for(problem.family).callable()
     args, kwargs = call_args(problem, inputs)
     kwargs.pop("chunk_size", None)
-    if problem.family in (Family.RETENTION, Family.RETENTION_NORMED):
-        kwargs["gamma"] = list(convention.gammas(problem.heads))
-        kwargs["scale"] = convention.scale(problem.dk)
+    kwargs.update(problem.definition.baseline_kwargs(problem, convention))
     with torch.no_grad():
         return fn(*args, **kwargs)
 
@@ -232,7 +195,7 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     cause = {Verdict.EQUIVALENT: "rounding", Verdict.DIVERGENT: "kernel_bug",
              Verdict.OUT_OF_DOMAIN: domain_kind(div)}.get(judgement.verdict, "kernel_error")
     if (judgement.verdict is Verdict.DIVERGENT and options.eps_counterfactual
-            and problem.family is Family.RETENTION_NORMED and problem.eps):
+            and problem.definition.takes_eps and problem.eps):
         t0 = time.perf_counter()
         zero = run_case(spec, problem.replace(eps=0.0),
                         RunOptions(options.policy, options.timeout_s, check_determinism=False,

@@ -149,7 +149,7 @@ KERNELS: list[KernelSpec] = [
     ),
 ]
 
-#: Each family's same-dtype sequential baseline.
+#: Each family's same-dtype sequential baseline (the kernel its definition names, `FamilyDef.baseline`).
 BASELINES: dict[Family, KernelSpec] = {spec.family: spec for spec in KERNELS}
 
 
