@@ -49,7 +49,11 @@ Trace of the output (float64; H_S, W_S are K x V like the state):
   and i of ``P_t = |a_t[i]| max(P_{t-1}, 1)`` (at most 1 when g <= 0). Both restart at a sequence
   boundary, where the state restarts.
 
-For ssd the output map adds ``|D x|`` to magnitude and growth and, with z, maps both through the gate as
+For ssd, whose decay and input are computed from dt, growth's state recurrence has two more inputs
+(`_ssd_input_rounding`): ``W_t = |a_t| W_{t-1} + H_t + e_a |a_t| H_{t-1} + e_kv |k_t| |v_t|``, where
+``e_kv = rel(dt') + 1`` counts the roundings in ``dt' x`` and ``e_a = |dt' A| (rel(dt') + 1)`` turns the
+relative error of the exponent ``dt' A`` into the decay's (``|x| e^x <= 1/e`` keeps it bounded). The
+output map adds ``|D x|`` to magnitude and growth and, with z, maps both through the gate as
 the selective scan does (``(...) |silu z| + |y|``); state_peak also holds the ungated magnitude.
 
 Trace of the final state: out = the final state; magnitude = H, growth = W at the last step (the
@@ -295,7 +299,7 @@ def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None, offset: int = 0) ->
     pos = torch.arange(n) + offset
     start = pos % chunk_size == 0
     lam = torch.empty_like(g_abs, dtype=torch.float64)
-    run = torch.zeros_like(g_abs[:, 0], dtype=torch.float64)
+    run = torch.zeros((g_abs.shape[0], *g_abs.shape[2:]), dtype=torch.float64)
     for t in range(n):  # a cumulative sum restarted at each chunk start (float64; a bound, not a result)
         run = g_abs[:, t].double() if bool(start[t]) else run + g_abs[:, t].double()
         lam[:, t] = run
@@ -304,12 +308,13 @@ def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None, offset: int = 0) ->
 
 @_loop.single_threaded()
 @torch.no_grad()
-def _segment(q, k, v, g, h0, scale, chunk, *, with_trace):
+def _segment(q, k, v, g, h0, scale, chunk, *, with_trace, extra=None):
     """The recurrence over one segment (no resets inside), every row of the batch at once.
 
     q, k (batch, n, heads, K); v (batch, n, heads, V); g (batch, n, heads, Kg) with Kg in (1, K), all in
     the compute dtype on its device; h0 (batch, heads, K, V) or None; chunk: `_chunk_mass` of the segment
-    or None. Returns (o, last state, `_SegmentTrace` or None).
+    or None; extra: None or (e_a, e_kv) (batch, n, heads, 1), the inputs' own rounding in units of u
+    (ssd's growth term). Returns (o, last state, `_SegmentTrace` or None).
     """
     dtype, device = q.dtype, q.device
     batch, n_steps, heads, dk = q.shape
@@ -342,15 +347,21 @@ def _segment(q, k, v, g, h0, scale, chunk, *, with_trace):
         decay = torch.exp(g_blk)[..., None]  # (n, batch, heads, Kg, 1)
         kv = k_blk[..., :, None] * v_blk[..., None, :]  # (n, batch, heads, K, V)
         s_blk = s_buf[:n]
-        mag_before = mag_state if with_trace else None
         state = _loop.recur(decay, kv, state, s_blk)
         o[:, start:stop] = _loop.seq_sum(q_blk[..., :, None] * s_blk, -2).mul_(scale).transpose(0, 1)
         if not with_trace:
             continue
         decay_abs = decay.abs()
         q_abs = q_blk.abs()[..., :, None]
-        mag_state = _loop.recur(decay_abs, kv.abs(), mag_state, mag_buf[:n])
-        growth_state = _loop.recur(decay_abs, mag_buf[:n], growth_state, growth_buf[:n])
+        kv_abs = kv.abs()
+        mag_before = mag_state
+        mag_state = _loop.recur(decay_abs, kv_abs, mag_state, mag_buf[:n])
+        h_prev = torch.cat([mag_before[None], mag_buf[: n - 1]])  # H_{t-1} for the block's steps
+        growth_in = mag_buf[:n]
+        if extra is not None:  # the decay's and k^T v's own rounding, beyond the one u of each
+            e_a, e_kv = (e[:, start:stop].transpose(0, 1)[..., None] for e in extra)
+            growth_in = growth_in + e_a * decay_abs * h_prev + e_kv * kv_abs
+        growth_state = _loop.recur(decay_abs, growth_in, growth_state, growth_buf[:n])
         mag_o = _loop.seq_sum(q_abs * mag_buf[:n], -2).mul_(abs(scale))
         growth_o = _loop.seq_sum(q_abs * growth_buf[:n], -2).mul_(abs(scale)) + dk * mag_o
         mag[:, start:stop] = mag_o.transpose(0, 1)
@@ -366,7 +377,6 @@ def _segment(q, k, v, g, h0, scale, chunk, *, with_trace):
         decay_peak[:, start:stop] = dpeak.transpose(0, 1)
         if chunk is not None:
             lam = lam_all[:, start:stop].transpose(0, 1)[..., None].to(dtype)  # (n, batch, heads, Kg, 1)
-            h_prev = torch.cat([mag_before[None], mag_buf[: n - 1]])
             l_prev = torch.cat([lam_prev[None], lam[:-1]])
             first = chunk_start[start:stop].view(n, 1, 1, 1, 1)
             if start == 0:  # a sequence's first step: the state before it is the exact initial state
@@ -405,14 +415,16 @@ def _stack_finals(parts: list[_SegmentTrace]) -> tuple[Trace, torch.Tensor | Non
     return Trace(**fields), chunk
 
 
-def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None, row_chunks=False):
+def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None, row_chunks=False,
+           extra=None):
     """The gated recurrence on (batch, T, ...) inputs, split into independent segments.
 
     ``segments``: None (each batch row is one sequence from ``h0``), or a list with, per batch row, the
     (start, stop) runs that restart the state; the first run of a row starts from that row of ``h0``,
     every later one from zeros (ssd's seq_idx; fla's cu_seqlens goes through `_run_fla`, one call per
     sequence, since its initial states are per sequence). ``row_chunks``: chunks counted along the whole row
-    (ssd) rather than from each segment's start (fla). Returns (o, final states, GatedTrace or None).
+    (ssd) rather than from each segment's start (fla). ``extra``: `_segment`'s, for the whole
+    (batch, T). Returns (o, final states, GatedTrace or None).
     """
     q, k, v, g = (x.to(device=device, dtype=dtype) for x in (q, k, v, g))
     h0 = None if h0 is None else h0.to(device=device, dtype=dtype)
@@ -420,7 +432,7 @@ def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_
     g_abs = g.abs()
     if segments is None:
         chunk = _chunk_mass(g_abs, chunk_size) if with_trace else None
-        o, final, part = _segment(q, k, v, g, h0, scale, chunk, with_trace=with_trace)
+        o, final, part = _segment(q, k, v, g, h0, scale, chunk, with_trace=with_trace, extra=extra)
         if not with_trace:
             return o, final, None
         out, chunk_o = _cat_traces([part], 1)
@@ -438,7 +450,9 @@ def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_
             else:
                 chunk = None
             sl = (slice(b, b + 1), slice(t0, t1))
-            o_seg, state, part = _segment(q[sl], k[sl], v[sl], g[sl], start, scale, chunk, with_trace=with_trace)
+            part_extra = None if extra is None else tuple(e[sl] for e in extra)
+            o_seg, state, part = _segment(q[sl], k[sl], v[sl], g[sl], start, scale, chunk, with_trace=with_trace,
+                                          extra=part_extra)
             pieces.append(o_seg)
             pieces_trace.append(part)
             last = part
@@ -589,6 +603,24 @@ def gla_trace(
 # ssd (Mamba-2)
 
 
+def _ssd_input_rounding(pre, dt, log_decay, biased, softplus):
+    """(e_a, e_kv), ssd's extra growth inputs in units of u (module docstring): the relative error of
+    dt' from ``dt + dt_bias`` (1, times softplus's condition ``|x| sigmoid(x) / softplus(x)``) and from
+    softplus itself (2), then one rounding more for ``dt' * A`` (scaled by |dt' A|: an absolute error in
+    exp's argument is a relative one of its value) and for ``dt' * x``."""
+    rel = torch.zeros_like(dt)
+    if biased:
+        if softplus:
+            cond = pre.abs() * torch.sigmoid(pre) / dt
+            rel = rel + torch.where(dt > 0, cond, torch.ones_like(cond))
+        else:
+            rel = rel + 1.0
+    if softplus:
+        rel = rel + 2.0
+    e_kv = (rel + 1.0)[..., None]
+    return log_decay.abs() * e_kv, e_kv
+
+
 def _ssd_run(args, *, dtype, device, with_trace, chunk_size=None):
     """ssd through `_gated` (the mapping in the module docstring); returns (y, final states, GatedTrace)."""
     x, dt, A, B, C, D, z, dt_bias, softplus, h0, rows, (lo, hi) = args
@@ -596,6 +628,7 @@ def _ssd_run(args, *, dtype, device, with_trace, chunk_size=None):
     heads, groups = x.shape[2], B.shape[2]
     if dt_bias is not None:
         dt = dt + dt_bias.to(device=device, dtype=dtype)
+    pre = dt
     if softplus:
         dt = F.softplus(dt, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
     dt = dt.clamp(min=lo, max=hi)
@@ -604,8 +637,9 @@ def _ssd_run(args, *, dtype, device, with_trace, chunk_size=None):
     q = C.repeat_interleave(heads // groups, dim=2)
     v = dt[..., None] * x
     start = None if h0 is None else h0.transpose(-1, -2)  # h (P, N) is S^T
+    extra = _ssd_input_rounding(pre, dt, log_decay, dt_bias is not None, softplus) if with_trace else None
     o, state, trace = _gated(q, k, v, log_decay, 1.0, start, rows, dtype=dtype, device=device,
-                             with_trace=with_trace, chunk_size=chunk_size, row_chunks=True)
+                             with_trace=with_trace, chunk_size=chunk_size, row_chunks=True, extra=extra)
     final = state.transpose(-1, -2)
     y = o
     if D is not None:
