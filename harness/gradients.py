@@ -92,7 +92,8 @@ def _kernel_vjp(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tens
 
         def kernel(x):
             args, kwargs = call_args(problem, x, spec)
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            return out[0] if isinstance(out, (tuple, list)) and out else out  # (output, final state)
 
         try:
             return Outcome.OK, _vjp(kernel, inputs, names, cot), False

@@ -48,6 +48,10 @@ from harness.kernels.contract import DTYPE_NAMES, Family, dtype_name
 #: The input regimes of each family (`harness.families`: each family's ``regimes``).
 REGIMES: dict[Family, tuple[str, ...]] = {Family.parse(name): families.get(name).regimes for name in families.MODULES}
 
+#: Problem fields added after records existed, with their defaults: `Problem.to_dict` leaves them out
+#: at these values, so that a problem that does not use them keeps its key.
+LATER_FIELDS: dict[str, Any] = {"has_initial_state": False, "final_state": False, "cu_seqlens": None}
+
 #: Largest number of elements a problem may carry as explicit ``values`` (hypothesis-drawn cases).
 MAX_EXPLICIT_ELEMENTS = 4096
 
@@ -82,10 +86,17 @@ class Problem:
     has_delta_bias: bool = False
     delta_softplus: bool = False
     tf32: bool = False
+    # fields added with the gated families: left out of `to_dict` at their defaults (`LATER_FIELDS`), so
+    # the keys of the problems of the other families are those they always had
+    has_initial_state: bool = False
+    final_state: bool = False
+    cu_seqlens: tuple[int, ...] | None = None
     values: dict[str, list[float]] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "family", Family.parse(self.family))
+        if self.cu_seqlens is not None:
+            object.__setattr__(self, "cu_seqlens", tuple(int(c) for c in self.cu_seqlens))
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         positive = {"length": self.length, "batch": self.batch, "dim": self.dim, "state": self.state,
                     "heads": self.heads, "dk": self.dk, "dv": self.dv}
@@ -113,6 +124,11 @@ class Problem:
         # for 4096 of them, on every case a hypothesis draw carries)
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["family"] = self.family.value
+        for name, default in LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+            elif name == "cu_seqlens":
+                d[name] = list(d[name])
         if self.values is None:
             del d["values"]
         else:

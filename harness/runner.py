@@ -58,9 +58,24 @@ def reference_trace(problem: Problem, inputs: dict[str, torch.Tensor],
     return problem.definition.trace(problem, x, convention)
 
 
+def reference_traces(problem: Problem, inputs: dict[str, torch.Tensor],
+                     convention: RetentionConvention = RETNET) -> dict[str, Any]:
+    """The float64 oracle's `Trace` of each measured target (``"output"``, and ``"final_state"`` where the
+    problem asks for it) on the (already rounded) ``inputs``."""
+    x = {k: v.detach().to(device="cpu", dtype=torch.float64) for k, v in inputs.items()}
+    return problem.definition.traces(problem, x, convention)
+
+
 def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],
                     convention: RetentionConvention = RETNET) -> torch.Tensor | None:
     """The plain sequential loop in the kernel's dtype (None for float64, where it is the oracle)."""
+    found = baseline_outputs(problem, inputs, convention)
+    return None if found is None else found["output"]
+
+
+def baseline_outputs(problem: Problem, inputs: dict[str, torch.Tensor],
+                     convention: RetentionConvention = RETNET) -> dict[str, torch.Tensor | None] | None:
+    """The plain sequential loop's targets in the kernel's dtype (None for float64: it is the oracle)."""
     if problem.dtype == "float64":
         return None
     from harness.kernels.sequential import baseline_for
@@ -70,7 +85,7 @@ def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],
     kwargs.pop("chunk_size", None)
     kwargs.update(problem.definition.baseline_kwargs(problem, convention))
     with torch.no_grad():
-        return fn(*args, **kwargs)
+        return problem.definition.split_output(problem, fn(*args, **kwargs))
 
 
 @contextlib.contextmanager
@@ -140,7 +155,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     timings["t_inputs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    trace = reference_trace(problem, inputs, spec.convention)
+    traces = reference_traces(problem, inputs, spec.convention)
+    trace = traces["output"]
     timings["t_oracle"] = time.perf_counter() - t0
 
     record: dict[str, Any] = {"kernel": spec.name, "family": problem.family.value, "case": problem.key}
@@ -173,15 +189,17 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
             store.append(record)
         return record
 
+    outputs = problem.definition.split_output(problem, (result.output, *result.extras))
     precision = spec.capabilities.precision(problem.dtype)
     record["precision"] = precision
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
     t0 = time.perf_counter()
     try:
-        baseline = baseline_output(problem.replace(dtype=storage),
-                                   {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
+        baselines = baseline_outputs(problem.replace(dtype=storage),
+                                     {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
     except Exception as exc:  # noqa: BLE001 - a baseline failure must not lose the kernel's measurement
-        baseline, record["baseline_error"] = None, f"{type(exc).__name__}: {exc}"
+        baselines, record["baseline_error"] = None, f"{type(exc).__name__}: {exc}"
+    baseline = None if baselines is None else baselines["output"]
     timings["t_baseline"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -189,8 +207,12 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
                   tf32=problem.tf32, cond_threshold=options.policy.cond_threshold,
                   function_room=problem.function_room)
     judgement = judge(div, options.policy)
-    timings["t_measure"] = time.perf_counter() - t0
     record.update({k: v for k, v in div.to_dict().items() if k not in record})
+    if "final_state" in traces:
+        judgement = _final_state(problem, traces["final_state"], outputs.get("final_state"),
+                                 None if baselines is None else baselines.get("final_state"),
+                                 precision, options, record, judgement)
+    timings["t_measure"] = time.perf_counter() - t0
 
     cause = {Verdict.EQUIVALENT: "rounding", Verdict.DIVERGENT: "kernel_bug",
              Verdict.OUT_OF_DOMAIN: domain_kind(div)}.get(judgement.verdict, "kernel_error")
@@ -218,6 +240,37 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     if store is not None:
         store.append(record)
     return record
+
+
+#: Verdicts from the worst down: the record of a case with several targets takes the worst.
+SEVERITY = (Verdict.KERNEL_ERROR, Verdict.DIVERGENT, Verdict.OUT_OF_DOMAIN, Verdict.EQUIVALENT)
+
+
+def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: torch.Tensor | None,
+                 precision: str, options: RunOptions, record: dict[str, Any], judgement: Judgement) -> Judgement:
+    """Measure the final state (the second target of a gated case) and record it as ``final_state_*``;
+    return the record's judgement: the output's, or the final state's where that one is worse (its why
+    then says so). A final state that is missing or of the wrong shape is a kernel error."""
+    from harness.metrics import measure
+
+    want = tuple(trace.out.shape)
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != want:
+        what = "no final state" if not isinstance(got, torch.Tensor) else f"a final state of shape {tuple(got.shape)}"
+        state = judge({}, options.policy, kernel_error=f"returned {what}, expected shape {want}")
+    else:
+        div = measure(got, trace, dtype=precision, baseline=baseline, length_axis=0, tf32=problem.tf32,
+                      cond_threshold=options.policy.cond_threshold, function_room=problem.function_room,
+                      element_axes_names=("sequence", "head", "k", "v"))
+        state = judge(div, options.policy)
+        found = div.to_dict()
+        for key in ("cond_max", "max_abs", "max_rel", "ulp_max"):
+            if key in found:
+                record[f"final_state_{key}"] = found[key]
+    record["final_state_verdict"] = state.verdict.value
+    record["final_state_why"] = state.why
+    if SEVERITY.index(state.verdict) < SEVERITY.index(judgement.verdict):
+        return Judgement(state.verdict, f"final state: {state.why}", state.rule)
+    return judgement
 
 
 def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],

@@ -107,7 +107,7 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
             chunk = draw(chunk_sizes(length, caps.chunk_sizes))
     fields: dict = dict(family=fam, length=length, dtype=dtype, device=device, regime=regime, chunk_size=chunk,
                         batch=draw(st.integers(1, lim.max_batch)), seed=draw(st.integers(0, 2**31 - 1)))
-    fields.update(families.get(fam).draw_fields(draw, caps, lim, regime))
+    fields.update(families.get(fam).draw_fields(draw, caps, lim, regime, fields))
     problem = Problem(**fields)
     if want_values and regime not in ("ramp",) and problem.n_elements() <= EXPLICIT_MAX_ELEMENTS:
         problem = problem.replace(values=draw(explicit_values(problem)), seed=0)

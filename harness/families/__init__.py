@@ -1,7 +1,7 @@
 """One definition per kernel family (`FamilyDef`), and the lookup `get`.
 
 Each module here defines one family: ``linear_scan``, ``selective_scan``, ``retention``,
-``retention_normed``. The rest of the harness asks ``get(family)`` for argument order, shapes, regimes,
+``retention_normed``, ``simple_gla``, ``gla``, ``ssd``. The rest of the harness asks ``get(family)`` for argument order, shapes, regimes,
 inputs, oracle, baseline and bounds (see `harness.families.base`). A new family is one module with a
 ``FAMILY`` object, named in `MODULES`.
 """
@@ -20,6 +20,9 @@ MODULES: dict[str, str] = {
     "selective_scan": "harness.families.selective_scan",
     "retention": "harness.families.retention",
     "retention_normed": "harness.families.retention_normed",
+    "simple_gla": "harness.families.simple_gla",
+    "gla": "harness.families.gla",
+    "ssd": "harness.families.ssd",
 }
 
 _CACHE: dict[Family, FamilyDef] = {}

@@ -74,6 +74,10 @@ class FamilyDef:
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:
         """Family-specific checks of a problem's fields (raise `InvalidArgument`)."""
+        for name, default in (("has_initial_state", False), ("final_state", False), ("cu_seqlens", None)):
+            if getattr(p, name) != default:
+                raise InvalidArgument(f"{name}={getattr(p, name)!r} does not apply to family {self.family.value}; "
+                                      f"leave it at {default!r}")
         if p.groups < 0 or (p.groups and p.dim % p.groups):
             raise InvalidArgument(
                 f"groups={p.groups!r} must be 0 (ungrouped) or a positive divisor of dim={p.dim}"
@@ -123,6 +127,22 @@ class FamilyDef:
         """The float64 oracle's `Trace` on float64 CPU inputs ``x``."""
         raise NotImplementedError
 
+    def traces(self, p: "Problem", x: dict[str, torch.Tensor], convention: RetentionConvention,
+               ) -> dict[str, "Trace"]:
+        """The oracle's `Trace` of each measured target: ``"output"``, and ``"final_state"`` where the
+        family and the problem have one."""
+        return {"output": self.trace(p, x, convention)}
+
+    def split_output(self, p: "Problem", value: Any) -> dict[str, torch.Tensor | None]:
+        """A kernel's (or baseline's) return value as its targets (``"output"``, ``"final_state"``...)."""
+        if isinstance(value, (tuple, list)):
+            value = value[0]
+        return {"output": value}
+
+    def state_shape(self, p: "Problem") -> tuple[int, ...] | None:
+        """The shape of the final state, for families that return one."""
+        return None
+
     def differentiable(self, p: "Problem", x: dict[str, torch.Tensor], convention: RetentionConvention,
                        ) -> torch.Tensor:
         """The oracle's definition, differentiable (`reference_impls.autograd`), in the dtype of ``x``."""
@@ -144,9 +164,11 @@ class FamilyDef:
         s = self.data_scale(p.regime, p.dtype)
         return (-2.0 * s, 2.0 * s)
 
-    def draw_fields(self, draw: Callable, caps: Capabilities, lim: Any, regime: str) -> dict[str, Any]:
+    def draw_fields(self, draw: Callable, caps: Capabilities, lim: Any, regime: str, common: dict[str, Any],
+                    ) -> dict[str, Any]:
         """The family's own problem fields (sizes, flags), drawn by hypothesis inside ``caps`` and the
-        profile's limits ``lim``."""
+        profile's limits ``lim``; ``common`` holds the fields drawn before (length, batch, ...), and the
+        result may replace some of them (a packed variable-length batch is one row)."""
         return {}
 
     def __repr__(self) -> str:

@@ -56,7 +56,7 @@ class LinearScan(FamilyDef):
             return (-2.0, 2.0) if p.regime == "unstable" else (0.0, 1.0)
         return super().element_bounds(p, name)
 
-    def draw_fields(self, draw, caps, lim, regime):
+    def draw_fields(self, draw, caps, lim, regime, common):
         from hypothesis import strategies as st
 
         return {"dim": draw(st.integers(1, lim.max_dim))}

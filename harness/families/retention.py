@@ -74,7 +74,7 @@ class Retention(FamilyDef):
         c = self._term_cotangent(p, x, cot, convention)
         return vjp(lambda v: ad.retention(v["q"], v["k"], v["v"], gamma, scale), ax, names, c)
 
-    def draw_fields(self, draw, caps, lim, regime):
+    def draw_fields(self, draw, caps, lim, regime, common):
         from hypothesis import strategies as st
 
         fields = {"heads": draw(st.integers(1, lim.max_heads))}

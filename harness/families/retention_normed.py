@@ -48,12 +48,12 @@ class RetentionNormed(Retention):
         r = torch.sqrt((o * o).sum(-1, keepdim=True) / dv + p.eps)
         return c / r + o.abs() * (c * o.abs()).sum(-1, keepdim=True) / (dv * r ** 3)
 
-    def draw_fields(self, draw, caps, lim, regime):
+    def draw_fields(self, draw, caps, lim, regime, common):
         from hypothesis import strategies as st
 
         from harness.strategies import epsilons
 
-        fields = super().draw_fields(draw, caps, lim, regime)
+        fields = super().draw_fields(draw, caps, lim, regime, common)
         fields["eps"] = draw(st.sampled_from(caps.eps_values) if caps.eps_values else epsilons())
         return fields
 

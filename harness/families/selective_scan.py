@@ -116,7 +116,7 @@ class SelectiveScan(FamilyDef):
             return (-2.0, 2.0)
         return super().element_bounds(p, name)
 
-    def draw_fields(self, draw, caps, lim, regime):
+    def draw_fields(self, draw, caps, lim, regime, common):
         from hypothesis import strategies as st
 
         fields = {}
