@@ -299,6 +299,7 @@ def test_ssd_is_simple_gla_under_the_mapping():
     assert torch.equal(y, o) and torch.equal(final, s.transpose(-1, -2))
     D, z = _randn(g, 4), _randn(g, *x.shape)
     y2 = ssd(x, dt, A, B, C, D=D, z=z)
+    y = ssd(x, dt, A, B, C)
     assert torch.equal(y2, (y + x * D[:, None]) * torch.nn.functional.silu(z))  # D x added, then gated
     D2 = _randn(g, 4, 2)
     assert torch.equal(ssd(x, dt, A, B, C, D=D2), y + x * D2)  # D per head and channel
