@@ -28,8 +28,11 @@ SHRINK_DEADLINE_S: float = 120.0
 def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | str | None,
                      name: str | None = None, capabilities: Capabilities | None = None) -> KernelSpec:
     """A `KernelSpec` for a user kernel: a callable, a ``module:attr`` / ``file.py:attr`` target, or a spec."""
+    from harness.kernels import registry
     from harness.kernels.registry import resolve_target
 
+    if isinstance(target, str) and ":" not in target and target in {s.name for s in registry.all_kernels()}:
+        return registry.get(target)  # a registered kernel by name, with its declared capabilities
     obj = resolve_target(target) if isinstance(target, str) else target
     if isinstance(obj, KernelSpec):
         return obj
