@@ -23,7 +23,7 @@ import mpmath
 import pytest
 import torch
 
-from reference_impls import gated_decay, retention
+from reference_impls import retention
 from reference_impls.gated_decay import gla, gla_trace, simple_gla, simple_gla_trace, ssd, ssd_trace
 
 U = 2.0**-53
