@@ -30,7 +30,8 @@ h (heads, P, N) follows ``h_t = exp(dt'_t A) h_{t-1} + (dt'_t x_t)^T B_t`` and `
 (heads, P)) and, with z, ``y *= silu(z)``, in that order (mamba-ssm's ``chunk_scan_ref``). ``seq_idx``
 (batch, T), non-decreasing along T, packs several sequences in a row: the state restarts from zeros
 wherever seq_idx changes; ``initial_states`` (batch, heads, P, N) is the state before each row's first
-step, and the final states are each row's last state. ``chunk_size`` only sets a chunked kernel's
+step (mamba-ssm gives it to sequence index 0, so with both, each row's seq_idx must start at 0), and
+the final states are each row's last state. ``chunk_size`` only sets a chunked kernel's
 blocking; the oracle accepts it and, in `ssd_trace`, uses it for the chunk term below.
 
 Arithmetic, in this order: ``a = exp(g)`` rounded in the dtype; ``k_t^T v_t`` the elementwise products
@@ -262,6 +263,9 @@ def _check_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_s
         if length > 1 and bool((idx[:, 1:] < idx[:, :-1]).any()):
             raise ValueError("seq_idx decreases along T in some row; expected a non-decreasing sequence index per "
                              "row (packed sequences 0, 0, 1, 1, 1, 2, ...)")
+        if h0 is not None and bool((idx[:, 0] != 0).any()):
+            raise ValueError(f"seq_idx[:, 0]={idx[:, 0].tolist()} with initial_states: mamba-ssm gives initial_states "
+                             "to sequence 0 only; expected every row's seq_idx to start at 0")
         rows = []
         for row in idx.tolist():
             cuts = [0] + [t for t in range(1, length) if row[t] != row[t - 1]] + [length]
