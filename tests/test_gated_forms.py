@@ -57,10 +57,10 @@ def test_float64_agrees_with_the_oracle(name, per_key):
     _, trace_fn = _oracle(per_key)
     chunked = "chunk" in name
     worst = 0.0
-    for seed in range(6):
-        q, k, v, lg = _case(seed, per_key=per_key, length=(1, 7, 23, 64, 65, 40)[seed])
+    for seed, length in enumerate((1, 7, 23, 64, 65)):
+        q, k, v, lg = _case(seed, per_key=per_key, length=length)
         h0 = torch.randn(q.shape[0], q.shape[2], q.shape[3], v.shape[3], dtype=torch.float64) if seed % 2 else None
-        for chunk_size in (1, 5, 16, 64):
+        for chunk_size in ((1, 5, 64) if length < 30 else (16, 64)):  # dividing the length and not
             tr = trace_fn(q, k, v, lg, initial_state=h0, output_final_state=True, chunk_size=chunk_size)
             tr = tr.with_chunk_growth() if chunked else tr
             o, final = fn(q, k, v, lg, initial_state=h0, output_final_state=True, chunk_size=chunk_size)

@@ -23,7 +23,7 @@ import mpmath
 import pytest
 import torch
 
-from reference_impls import gated_decay, retention
+from reference_impls import retention
 from reference_impls.gated_decay import gla, gla_trace, simple_gla, simple_gla_trace, ssd, ssd_trace
 
 U = 2.0**-53
@@ -514,6 +514,8 @@ def _ssd_ok():
      r"initial_states.shape=\(1, 4, 3, 2\).*\(batch, heads, P, N\) = \(1, 4, 2, 3\)"),
     (lambda a: {**a, "seq_idx": torch.tensor([[0, 0, 1, 1, 0, 0]])}, ValueError, r"seq_idx decreases"),
     (lambda a: {**a, "seq_idx": torch.tensor([[0, 0, 1]])}, ValueError, r"seq_idx.shape=\(1, 3\)"),
+    (lambda a: {**a, "seq_idx": torch.tensor([[1, 1, 1, 2, 2, 2]]), "initial_states": torch.zeros(1, 4, 2, 3)},
+     ValueError, r"seq_idx\[:, 0\]=\[1\] with initial_states.*start at 0"),
     (lambda a: {**a, "chunk_size": -4}, ValueError, r"chunk_size=-4 is not a positive integer"),
     (lambda a: {**a, "dt_softplus": "yes"}, TypeError, r"dt_softplus='yes'"),
     (lambda a: {**a, "dt_limit": (1.0, 0.0)}, ValueError, r"dt_limit=\(1.0, 0.0\) has low > high"),
