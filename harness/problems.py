@@ -50,7 +50,8 @@ REGIMES: dict[Family, tuple[str, ...]] = {Family.parse(name): families.get(name)
 
 #: Problem fields added after records existed, with their defaults: `Problem.to_dict` leaves them out
 #: at these values, so that a problem that does not use them keeps its key.
-LATER_FIELDS: dict[str, Any] = {"has_initial_state": False, "final_state": False, "cu_seqlens": None}
+LATER_FIELDS: dict[str, Any] = {"has_initial_state": False, "final_state": False, "cu_seqlens": None,
+                                "decay_floor": None}
 
 #: Largest number of elements a problem may carry as explicit ``values`` (hypothesis-drawn cases).
 MAX_EXPLICIT_ELEMENTS = 4096
@@ -91,6 +92,7 @@ class Problem:
     has_initial_state: bool = False
     final_state: bool = False
     cu_seqlens: tuple[int, ...] | None = None
+    decay_floor: float | None = None
     values: dict[str, list[float]] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:

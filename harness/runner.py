@@ -295,6 +295,9 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     ratio = record.get("baseline_ratio")
     factor = (f"; it errs {ratio:.3g}x the {precision} sequential loop"
               if isinstance(ratio, float) and ratio == ratio else "")
+    if record.get("n_kernel_nonfinite"):  # NaN/Inf where the oracle is finite and in range: a range loss
+        factor = (f"; its NaN/Inf come from its own intermediates leaving {precision}'s range (an overflow of "
+                  f"the form, not of the inputs: the exact state and output are in range)")
     why = (f"{judgement.why}; precision loss: the same inputs in float64 are equivalent "
            f"(cond_max {again.get('cond_max'):.3g}){factor}")
     return "precision_loss", Judgement(judgement.verdict, why, judgement.rule)

@@ -74,7 +74,8 @@ class FamilyDef:
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:
         """Family-specific checks of a problem's fields (raise `InvalidArgument`)."""
-        for name, default in (("has_initial_state", False), ("final_state", False), ("cu_seqlens", None)):
+        for name, default in (("has_initial_state", False), ("final_state", False), ("cu_seqlens", None),
+                              ("decay_floor", None)):
             if getattr(p, name) != default:
                 raise InvalidArgument(f"{name}={getattr(p, name)!r} does not apply to family {self.family.value}; "
                                       f"leave it at {default!r}")

@@ -17,7 +17,9 @@ Regimes (g is the log-decay, <= 0; q, k, v standard normal times the data scale)
 - ``mixed_heads``: per head a decay scale ``10**U(-3, 1.3)`` times ``logsigmoid(z)``: long-memory heads
   next to fast-forgetting ones in one call;
 - ``large`` / ``tiny``: ``trained`` with q, k, v near the dtype's largest / smallest normal value
-  (products of three factors: max**(1/4), tiny**(1/4) each).
+  (products of three factors: max**(1/4), tiny**(1/4) each);
+- ``uniform_decay``: ``g = U(decay_floor, 0)`` (the problem's ``decay_floor``, -20 when None): the knob
+  of the ``gated_decay`` sweep (error against decay strength; the issue's measurement is floor -20).
 
 The chunk forms' bound: a kernel that takes a ``chunk_size`` is measured against ``u (growth +
 chunk_growth)``, the oracle's chunk term (the within-chunk cumulative log-decay mass times the state's
@@ -39,10 +41,29 @@ from harness.kernels.contract import Family
 G_BOUNDS = {"long_memory": (-0.01, 0.0), "strong_decay": (-30.0, 0.0), "mixed_heads": (-20.0, 0.0)}
 
 
+#: The floor of ``uniform_decay``'s log-decays when the problem gives none (the issue's measurement).
+DEFAULT_DECAY_FLOOR = -20.0
+
+
+def decay_floor(p) -> float:
+    return DEFAULT_DECAY_FLOOR if p.decay_floor is None else float(p.decay_floor)
+
+
+def check_decay_floor(p) -> None:
+    """``decay_floor``: a finite number <= 0, meaningful for the ``uniform_decay`` regime only."""
+    if p.decay_floor is None:
+        return
+    if p.regime != "uniform_decay":
+        raise InvalidArgument(f"decay_floor={p.decay_floor!r} is only meaningful for regime 'uniform_decay' "
+                              f"(regime={p.regime!r}); pass None")
+    if not (isinstance(p.decay_floor, (int, float)) and -1e6 <= p.decay_floor <= 0):
+        raise InvalidArgument(f"decay_floor={p.decay_floor!r} must be a number in [-1e6, 0] (the lowest log-decay)")
+
+
 class SimpleGLA(FamilyDef):
     family = Family.SIMPLE_GLA
     arg_order = ("q", "k", "v", "g")
-    regimes = ("trained", "long_memory", "strong_decay", "mixed_heads", "large", "tiny")
+    regimes = ("trained", "long_memory", "strong_decay", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("q", "k", "v", "g", "initial_state")
     length_axis = 1
     uses_matmuls = True
@@ -54,6 +75,7 @@ class SimpleGLA(FamilyDef):
     def validate(self, p):
         if p.eps is not None:
             raise InvalidArgument(f"eps={p.eps!r} is only meaningful for retention_normed; pass None")
+        check_decay_floor(p)
         if p.cu_seqlens is not None:
             cu = list(p.cu_seqlens)
             if p.batch != 1:
@@ -90,6 +112,8 @@ class SimpleGLA(FamilyDef):
             g = -(10.0 ** uniform(gs, gen, -4.0, -2.0))
         elif p.regime == "strong_decay":
             g = uniform(gs, gen, -30.0, 0.0)
+        elif p.regime == "uniform_decay":
+            g = uniform(gs, gen, decay_floor(p), 0.0)
         elif p.regime == "mixed_heads":
             per_head = 10.0 ** uniform((p.heads,) + (1,) * (len(gs) - 3), gen, -3.0, 1.3)
             g = torch.nn.functional.logsigmoid(randn(gs, gen)) * per_head
@@ -158,7 +182,7 @@ class SimpleGLA(FamilyDef):
     # ----------------------------------------------------------------------------- strategies
     def element_bounds(self, p, name):
         if name == "g":
-            return G_BOUNDS.get(p.regime, (-1.0, 0.0))
+            return (decay_floor(p), 0.0) if p.regime == "uniform_decay" else G_BOUNDS.get(p.regime, (-1.0, 0.0))
         if name == "initial_state":
             s = self.data_scale(p.regime, p.dtype)
             return (-2.0 * s * s, 2.0 * s * s)

@@ -19,7 +19,9 @@ Regimes (the log-decay of a step is ``dt' A``, dt' the step after bias and softp
 - ``large_dt``: with dt_softplus, raw dt of 20 to 60 where softplus is linear (its threshold is 20), and
   A = -U(0.05, 0.5): log-decays of -1 to -30;
 - ``mixed_heads``: per head a step scale 10**U(-4, 0.5);
-- ``large`` / ``tiny``: ``trained`` with x, B, C near the dtype's limits (max**(1/4), tiny**(1/4)).
+- ``large`` / ``tiny``: ``trained`` with x, B, C near the dtype's limits (max**(1/4), tiny**(1/4));
+- ``uniform_decay``: A = decay_floor (-20 when None) and dt' = U(0, 1): log-decays uniform in
+  [decay_floor, 0], the knob of the ``gated_decay`` sweep.
 
 Without softplus the bias is taken out of dt so that dt + dt_bias is the regime's positive step (as
 for the selective scan); with softplus dt is the pre-activation ``log(expm1(dt'))`` plus noise.
@@ -34,14 +36,14 @@ import torch
 
 from harness.errors import InvalidArgument
 from harness.families.base import FamilyDef, randn, uniform
-from harness.families.simple_gla import draw_state_options
+from harness.families.simple_gla import check_decay_floor, decay_floor, draw_state_options
 from harness.kernels.contract import Family
 
 
 class SSD(FamilyDef):
     family = Family.SSD
     arg_order = ("x", "dt", "A", "B", "C")
-    regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny")
+    regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
     length_axis = 1
     uses_matmuls = True
@@ -49,6 +51,7 @@ class SSD(FamilyDef):
     def validate(self, p):
         if p.eps is not None:
             raise InvalidArgument(f"eps={p.eps!r} is only meaningful for retention_normed; pass None")
+        check_decay_floor(p)
         if p.groups < 1 or p.heads % p.groups:
             raise InvalidArgument(f"groups={p.groups!r} must be a positive divisor of heads={p.heads} for ssd "
                                   f"(B and C are (batch, T, groups, N))")
@@ -87,14 +90,17 @@ class SSD(FamilyDef):
             step, A = uniform((H,), gen, 20.0, 60.0), -uniform((H,), gen, 0.05, 0.5)
         elif p.regime == "mixed_heads":
             step, A = 10.0 ** uniform((H,), gen, -4.0, 0.5), -uniform((H,), gen, 1.0, 16.0)
+        elif p.regime == "uniform_decay":
+            step, A = torch.full((H,), 0.5, dtype=torch.float64), torch.full((H,), decay_floor(p), dtype=torch.float64)
         else:
             step, A = 10.0 ** uniform((H,), gen, -3.0, -1.0), -uniform((H,), gen, 1.0, 16.0)
-        noise = randn((b, L, H), gen)
-        if p.delta_softplus:  # the pre-activation whose softplus is about the step (itself where linear)
+        if p.regime == "uniform_decay" and not p.delta_softplus:
+            dt = uniform((b, L, H), gen, 0.0, 1.0)  # dt' = U(0, 1): g = dt' A uniform in [A, 0]
+        elif p.delta_softplus:  # the pre-activation whose softplus is about the step (itself where linear)
             raw = torch.where(step > 20.0, step, torch.log(torch.expm1(step)))
-            dt = raw + 0.5 * noise
+            dt = raw + 0.5 * randn((b, L, H), gen)
         else:
-            dt = step * torch.exp(0.5 * noise)
+            dt = step * torch.exp(0.5 * randn((b, L, H), gen))
         out = {"x": randn(shapes["x"], gen) * s, "dt": dt, "A": A,
                "B": randn(shapes["B"], gen) * s, "C": randn(shapes["C"], gen) * s}
         if p.has_D:  # D x is an output term like C h (~ s**3)
@@ -177,7 +183,7 @@ class SSD(FamilyDef):
                 return (20.0, 60.0)
             return (-2.0, 2.0) if p.delta_softplus else (0.0, 1.0)
         if name == "A":
-            return (-16.0, 0.0)
+            return (decay_floor(p), 0.0) if p.regime == "uniform_decay" else (-16.0, 0.0)
         if name == "dt_bias":
             return (-2.0, 2.0) if p.delta_softplus else (0.0, 1.0)
         if name in ("D", "initial_states"):
