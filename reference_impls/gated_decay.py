@@ -63,7 +63,7 @@ included); decay_peak = running max of P per key channel.
 
 The chunk term (``chunk_growth``, computed when a trace is asked for with ``chunk_size``). A chunked
 kernel evaluates decay products inside a chunk as ``exp(G_t - G_s)``, ``exp(G_t)`` and
-``exp(G_last - G_s)``, where ``G_t = g_{c+1} + ... + g_t`` is a cumulative sum from the chunk's first
+``exp(G_last - G_s)``, where ``G_t = g_c + ... + g_t`` is a cumulative sum from the chunk's first
 step c. In a dtype with unit roundoff u each such cumulative sum carries an absolute error of about
 ``u * Lambda_t`` with ``Lambda_t = |g_c| + ... + |g_t|`` (the within-chunk log-decay mass, per key channel
 for gla), so each exponent of a difference of two of them is off by up to ``2 u Lambda_t``, and
