@@ -16,7 +16,7 @@ from harness.errors import DivergenceError, InvalidArgument
 from harness.kernels.contract import ALL_DTYPES, Capabilities, Family, KernelSpec
 
 #: Verdicts that fail a check; out_of_domain is a finding about the inputs, not the kernel.
-FAILING_VERDICTS = frozenset({"divergent", "kernel_error"})
+from harness.records import FAILING_VERDICTS  # noqa: E402 - one definition, re-exported here
 
 #: Seconds the shrink phase may take after the first failure (hypothesis's own limit is 300 s per
 #: shrink, and a nightly case of L=8192 spent more than five minutes there). Past it, failures seen

@@ -286,6 +286,7 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
 
 def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:
     record["verdict"] = judgement.verdict.value
+    record["rule"] = judgement.rule
     record["why"] = judgement.why
     record["cause"] = cause
     record.update({k: round(v, 6) for k, v in timings.items()})
@@ -330,8 +331,9 @@ def run_pair(spec_a: KernelSpec, spec_b: KernelSpec, problem: Problem, options: 
         record["ab_max_abs"] = float(diff.nan_to_num(nan=float("inf")).max()) if diff.numel() else 0.0
         scale = outs[1].abs().nan_to_num(nan=0.0).max().item() if diff.numel() else 0.0
         record["ab_max_rel"] = record["ab_max_abs"] / scale if scale > 0 else None
-    severity = ("kernel_error", "divergent", "out_of_domain", "equivalent")
-    record["verdict"] = min((rec_a["verdict"], rec_b["verdict"]), key=severity.index)
+    from harness.records import severity
+
+    record["verdict"] = max((rec_a["verdict"], rec_b["verdict"]), key=severity)
     record["why"] = f"A: {rec_a['why']} | B: {rec_b['why']}"
     record["cause"] = rec_a["cause"] if rec_a["verdict"] != "equivalent" else rec_b["cause"]
     record["replay"] = rec_a["replay"]
