@@ -138,6 +138,7 @@ class RunOptions:
     # re-run a divergent low-precision case on the same (rounded) inputs in float64 to name precision loss
     precision_counterfactual: bool = True
     isolation: str = field(default_factory=isolation.default_isolation)
+    oracle_cache: Any = None  # a harness.oracle_cache.OracleCache shared by the run's cases, or None
 
     def worker_for(self, spec: KernelSpec, kernel_fn: Callable | None = None) -> tuple[Any, str]:
         """(the worker reference ``spec`` runs under, or None for in-process; the record's ``isolation``)."""
@@ -172,12 +173,13 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     options = options or RunOptions()
     timings: dict[str, float] = {}
     began = t0 = time.perf_counter()
+    cache = options.oracle_cache if inputs is None else None  # inputs passed in are not the problem's own
     if inputs is None:
         inputs = problem.make_inputs()
     timings["t_inputs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    trace = reference_trace(problem, inputs, spec.convention)
+    trace = (cache.trace if cache is not None else reference_trace)(problem, inputs, spec.convention)
     timings["t_oracle"] = time.perf_counter() - t0
 
     record: dict[str, Any] = {"kernel": spec.name, "family": problem.family.value, "case": problem.key}
@@ -215,8 +217,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
     t0 = time.perf_counter()
     try:
-        baseline = baseline_output(problem.replace(dtype=storage),
-                                   {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
+        baseline = (cache.baseline if cache is not None else baseline_output)(
+            problem.replace(dtype=storage), {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
     except Exception as exc:  # noqa: BLE001 - a baseline failure must not lose the kernel's measurement
         baseline, record["baseline_error"] = None, f"{type(exc).__name__}: {exc}"
     timings["t_baseline"] = time.perf_counter() - t0

@@ -455,7 +455,8 @@ def format_failure(
             else "all elements in domain"
         )
         lines.append(f"Non-finite: {rec.nonfinite_class} ({rec.n_kernel_nonfinite} NaN/Inf in the output); {dom}")
-    lines.append(f"Classification: {judgement.verdict.value} (rule {judgement.rule}) -- {judgement.why}")
+    rule = f" (rule {judgement.rule})" if judgement.rule else ""
+    lines.append(f"Classification: {judgement.verdict.value}{rule} -- {judgement.why}")
     if replay:
         lines.append(f"Replay: {replay}")
     return "\n".join(lines)

@@ -52,5 +52,6 @@ def test_the_fixture_passes_a_correct_kernel_and_fails_a_wrong_one_with_the_shru
     out = result.stdout.str()
     assert "DivergenceError" in out and "scan_drops_last_input" in out
     assert "counterexample saved:" in out
+    assert "Classification: divergent (rule cond" in out  # the rule that fired, never an empty "(rule )"
     saved = list((pytester.path / ".harness" / "counterexamples").glob("*.json"))
     assert len(saved) == 1 and "scan_drops_last_input" in saved[0].name
