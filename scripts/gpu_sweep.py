@@ -433,8 +433,10 @@ def finish(out: Path, *, report: bool = True, cut_short: str | None = None) -> i
     log(f"status: {status_line(header)}")
     if header.get("stopped"):
         return EXIT_STOPPED
+    from harness.records import FAILING_VERDICTS
+
     intree = set(header.get("intree_kernels", []))
-    failing = [r for r in records if r.get("kernel") in intree and r.get("verdict") in ("divergent", "kernel_error")]
+    failing = [r for r in records if r.get("kernel") in intree and r.get("verdict") in FAILING_VERDICTS]
     return 1 if failing else 0
 
 
@@ -584,6 +586,7 @@ def run_determinism(sweep: Sweep, det_cases, deadline: float) -> None:
 
 
 def run_grid(sweep: Sweep, cases, store) -> None:
+    from harness.records import FAILING_VERDICTS
     from harness.runner import RunOptions, run_case
     from harness.store import dumps
 
@@ -634,7 +637,7 @@ def run_grid(sweep: Sweep, cases, store) -> None:
                                     f"run_case raised {type(exc).__name__}: {exc}")
                 store.append(rec)
             sweep.records += 1
-            if rec["verdict"] in ("divergent", "kernel_error"):
+            if rec["verdict"] in FAILING_VERDICTS:
                 log(f"  {rec['verdict']}: {spec.name} {problem.dtype}{'+tf32' if problem.tf32 else ''} "
                     f"L={problem.length} {problem.regime}: {str(rec.get('why'))[:200]}")
             if rec["verdict"] == "kernel_error":

@@ -172,3 +172,27 @@ def test_init_creates_a_missing_pyproject(tmp_path, monkeypatch):
     assert load_project(tmp_path).kernels == (KernelEntry("k.py:f", "linear_scan"),)
     with pytest.raises(InvalidArgument, match="kernels=\\[\\]"):
         init_project(tmp_path / "empty", [], workflow=True)
+
+
+def test_check_writes_its_run_and_counterexample_into_the_callers_project(tmp_path, monkeypatch, capsys):
+    """`harness check` from a project's subfolder, kernels from the table: the run goes under the table's
+    runs folder and the shrunk counterexample under .harness/counterexamples, nothing elsewhere."""
+    from harness.cli import main
+
+    (tmp_path / "kern").mkdir()
+    (tmp_path / "kern" / "scan.py").write_text(
+        "import torch\n\ndef scan(a, b):  # planted: forgets a\n    return torch.cumsum(b, -1)\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.harness]\nruns = "out"\n[[tool.harness.kernels]]\n'
+                                             'target = "kern/scan.py:scan"\nfamily = "linear_scan"\n')
+    (tmp_path / "docs").mkdir()
+    monkeypatch.chdir(tmp_path / "docs")
+    code = main(["check", "--max-examples", "5", "--dtypes", "float64", "--no-grad", "--in-process", "--profile", "dev"])
+    out = capsys.readouterr().out
+    assert code == 1 and "counterexample saved:" in out
+    root = tmp_path.resolve()
+    (run,) = (root / "out").iterdir()
+    assert run.name.startswith("check-") and (run / "records.jsonl").is_file()
+    (saved,) = (root / ".harness" / "counterexamples").glob("*.json")
+    assert "kern_scan.py_scan" in saved.name
+    assert {p.name for p in root.iterdir()} - {".hypothesis"} == {".harness", "docs", "kern", "out", "pyproject.toml"}
+    assert [p.name for p in (root / "docs").iterdir()] in ([], [".hypothesis"])
