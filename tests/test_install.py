@@ -51,6 +51,7 @@ def test_a_new_project_from_pip_install_to_a_failing_then_passing_gate(tmp_path)
     assert len(saved) == 2, saved  # one from `harness check`, one from the pytest route
     assert "Gate FAILED" in steps["gate the bug (fails)"].output
     assert "Gate passed" in steps["gate the fix (passes)"].output
+    assert steps["harness sweep default"].rc in (0, 1)  # 1: a finding of the sweep, as `make report` reads it
     assert "built-in" in steps["list the sweeps"].output and "site-packages" in steps["list the sweeps"].output
     header = json.loads((project / ".harness" / "runs" / "sweep" / "run.json").read_text())
     assert header["profile"] == "sweep:default" and header["shard"]
