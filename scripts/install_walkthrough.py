@@ -144,7 +144,7 @@ def _run(step: Step, cwd: Path, project: Path | None, timeout: float) -> Step:
     t0 = time.perf_counter()
     proc = subprocess.run(step.command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
     step.seconds = time.perf_counter() - t0
-    step.rc, step.output = proc.returncode, (proc.stdout + proc.stderr)[-6000:]
+    step.rc, step.output = proc.returncode, proc.stdout + proc.stderr
     if project:
         after = fingerprint(project, skip=("__pycache__", ".hypothesis"))
         step.created = sorted(os.path.relpath(p, project) for p in set(after) - set(before))
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     print(result.markdown())
     for step in result.steps:
         if not step.ok:
-            print(f"\n--- {step.name}: exit {step.rc}, expected {step.expect}\n{step.output}")
+            print(f"\n--- {step.name}: exit {step.rc}, expected {step.expect}\n{step.output[-6000:]}")
     return 0 if result.ok else 1
 
 

@@ -36,7 +36,7 @@ def test_a_new_project_from_pip_install_to_a_failing_then_passing_gate(tmp_path)
     result = module.walkthrough(tmp_path / "walk", max_examples=10, shard="1/8")
     print("\n" + result.markdown())
     steps = {s.name: s for s in result.steps}
-    failed = [f"{s.name}: exit {s.rc}, expected {s.expect}\n{s.output}" for s in result.steps if not s.ok]
+    failed = [f"{s.name}: exit {s.rc}, expected {s.expect}\n{s.output[-6000:]}" for s in result.steps if not s.ok]
     assert not failed, "\n\n".join(failed)
     assert len(result.steps) == 14
     # the installed package, not this checkout (nor the editable install that points at it)
