@@ -27,7 +27,7 @@ PYTEST_WORKERS ?= 2
 RUN ?= reports/latest
 PROFILE ?= ci
 
-.PHONY: install install-kernels bench-peers device-bundle test test-fast test-gpu test-gpu-dry report sweep seeds bench gate baseline calibrate calibrate-nightly clean
+.PHONY: install install-kernels bench-peers device-bundle test test-install test-fast test-gpu test-gpu-dry report sweep seeds bench gate baseline calibrate calibrate-nightly clean
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_CPU)"
@@ -43,10 +43,16 @@ install-kernels:
 test:
 	@test -d $(DEVICE_BUNDLE) || $(MAKE) --no-print-directory device-bundle \
 	  || echo "test: the device bundle could not be built here; its checks will skip (see docs/gpu.md)"
-	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --hypothesis-profile=$(PROFILE) --harness-report-dir reports/test-run
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --hypothesis-profile=$(PROFILE) --harness-report-dir reports/test-run -m "not slow"
+
+# The wheel installed outside the checkout, in a new project: init, check, baseline, a failing and a
+# passing gate, the default sweep (one shard), the pytest route; nothing written outside the project
+# (tests/test_install.py, scripts/install_walkthrough.py; minutes). The walkthrough prints its timings.
+test-install:
+	$(PYTHON) -m pytest -m slow -s -p no:cacheprovider tests/test_install.py
 
 test-fast:
-	$(PYTHON) -m pytest -x -q --hypothesis-profile=dev -m "not thirdparty"
+	$(PYTHON) -m pytest -x -q --hypothesis-profile=dev -m "not thirdparty and not slow"
 
 test-gpu:
 	DEVICE_BUNDLE=$(DEVICE_BUNDLE) bash scripts/gpu_check.sh reports/gpu

@@ -1,6 +1,6 @@
 """The question a sweep answers, and the table of its records that answers it.
 
-A sweep file (``cases/sweeps/*.toml``) may declare one or more ``[[answer]]`` tables::
+A sweep file (``harness/sweeps/*.toml`` built in, or a project's own) may declare one or more ``[[answer]]`` tables::
 
     [[answer]]
     question = "Do parallel and chunkwise disagree because of the eps? max |A - B| by eps"

@@ -2,8 +2,10 @@
 
 Hypothesis draws problems inside the kernel's capabilities and the profile's limits, climbs towards
 the worst inputs with `hypothesis.target` on the condition-normalized error, and shrinks a failure to
-a minimal case, which is saved under ``cases/counterexamples/`` (or ``counterexample_dir``). Every
-case run is appended to the store as it is measured.
+a minimal case, which is saved in the caller's project (`harness.project`: its counterexamples folder,
+``.harness/counterexamples/`` by default) or in ``counterexample_dir``. Every case run is appended to the
+store as it is measured. `harness check`, the ``harness_check`` pytest fixture and this repository's own
+suite (tests/test_kernel_suite.py) all run this one search.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from harness.errors import DivergenceError, InvalidArgument
 from harness.kernels.contract import ALL_DTYPES, Capabilities, Family, KernelSpec
 
 #: Verdicts that fail a check; out_of_domain is a finding about the inputs, not the kernel.
-FAILING_VERDICTS = frozenset({"divergent", "kernel_error"})
+from harness.records import FAILING_VERDICTS  # noqa: E402 - one definition, re-exported here
 
 #: Seconds the shrink phase may take after the first failure (hypothesis's own limit is 300 s per
 #: shrink, and a nightly case of L=8192 spent more than five minutes there). Past it, failures seen

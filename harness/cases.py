@@ -1,4 +1,9 @@
-"""The `cases/` folder: saved counterexamples (JSON) and named sweeps (TOML).
+"""Saved counterexamples (JSON) and named sweeps (TOML).
+
+Both live in the caller's project (`harness.project`): counterexamples in its ``counterexamples``
+folder (``.harness/counterexamples/`` unless ``[tool.harness]`` moves it; ``cases/counterexamples/`` in
+this repository), sweeps in its ``sweeps`` folders and then among the built-in sweeps shipped in the
+package (`harness.project.BUILTIN_SWEEPS`). Nothing is read from or written to the package's parent.
 
 A counterexample file is small and readable: the kernel, the problem (with its seed, or its explicit
 element values when hypothesis drew them), the metrics and verdict it had, and ``expect``: the verdict
@@ -25,10 +30,13 @@ from harness.errors import InvalidArgument
 from harness.kernels.contract import KernelSpec
 from harness.problems import Problem
 
-ROOT = Path(__file__).resolve().parent.parent
-CASES_DIR = ROOT / "cases"
-COUNTEREXAMPLES_DIR = CASES_DIR / "counterexamples"
-SWEEPS_DIR = CASES_DIR / "sweeps"
+
+
+def counterexamples_dir() -> Path:
+    """The current project's counterexample folder (`harness.project.Project.counterexamples_dir`)."""
+    from harness.project import current
+
+    return current().counterexamples_dir
 
 #: Metric fields copied into a counterexample file (what it looked like when it was found).
 _KEPT_METRICS = ("verdict", "why", "cause", "cond_max", "max_abs", "max_rel", "ulp_max", "onset_t",
@@ -49,7 +57,7 @@ def counterexample_path(kernel: str, family: str, *, directory: Path | None = No
     map to the same file, so a later, smaller counterexample replaces the earlier one.
     """
     digest = hashlib.sha256(json.dumps([kernel, kernel_target, family]).encode()).hexdigest()[:10]
-    return Path(directory or COUNTEREXAMPLES_DIR) / f"{_slug(kernel)}--{family}--{digest}.json"
+    return Path(directory or counterexamples_dir()) / f"{_slug(kernel)}--{family}--{digest}.json"
 
 
 def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: Path | None = None,
@@ -123,7 +131,7 @@ def load_case(path: str | Path) -> SavedCase:
 
 
 def saved_cases(directory: Path | None = None) -> list[Path]:
-    return sorted(Path(directory or COUNTEREXAMPLES_DIR).glob("*.json"))
+    return sorted(Path(directory or counterexamples_dir()).glob("*.json"))
 
 
 def resolve_kernel(name: str, target: str | None = None, family: str | None = None, *,
@@ -241,15 +249,43 @@ def runnable(spec: KernelSpec, problem: Problem) -> bool:
     return True
 
 
-def sweep_path(name: str) -> Path:
+@dataclass(frozen=True)
+class SweepFile:
+    """A named sweep found on disk, and where from: ``project`` (its own folders) or ``built-in``."""
+
+    name: str
+    path: Path
+    origin: str
+
+
+def sweep_files(project=None) -> list[SweepFile]:
+    """Every sweep ``project`` (default: the current one) can run by name, first folder first; a project
+    sweep hides a built-in one of the same name."""
+    from harness.project import BUILTIN_SWEEPS, current
+
+    project = project or current()
+    found: dict[str, SweepFile] = {}
+    for folder in project.sweep_dirs:
+        origin = "built-in" if folder == BUILTIN_SWEEPS else "project"
+        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else ():
+            found.setdefault(path.stem, SweepFile(path.stem, path, origin))
+    return list(found.values())
+
+
+def sweep_path(name: str, project=None) -> Path:
+    """The file of sweep ``name``: a ``.toml`` path, else the first sweep of that name (`sweep_files`)."""
     path = Path(name)
     if path.suffix == ".toml" and path.is_file():
         return path
-    candidate = SWEEPS_DIR / f"{name}.toml"
-    if not candidate.is_file():
-        known = ", ".join(sorted(p.stem for p in SWEEPS_DIR.glob("*.toml")))
-        raise InvalidArgument(f"sweep={name!r} is not a file nor a sweep in cases/sweeps/; known sweeps: {known}")
-    return candidate
+    files = sweep_files(project)
+    for sweep in files:
+        if sweep.name == name:
+            return sweep.path
+    from harness.project import current
+
+    folders = ", ".join(str(d) for d in (project or current()).sweep_dirs)
+    raise InvalidArgument(f"sweep={name!r} is not a .toml file nor a sweep in {folders}; known sweeps: "
+                          f"{', '.join(s.name for s in files) or '(none)'} (`harness sweep --list`)")
 
 
 #: The keys a sweep file may hold: at its top level, and in a group (or a one-grid file's top level).
@@ -298,13 +334,13 @@ def _group(data: dict[str, Any], where: str) -> SweepGroup:
     return group
 
 
-def load_sweep(name: str) -> Sweep:
+def load_sweep(name: str, project=None) -> Sweep:
     """A sweep file: either one grid (kernels, [grid], [fixed]) or several ``[[group]]`` tables.
 
     A file that is not TOML, or holds a key the harness does not know (a typo would otherwise be
     ignored silently), is an `InvalidArgument` naming the file and the key.
     """
-    path = sweep_path(name)
+    path = sweep_path(name, project)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
@@ -331,5 +367,8 @@ def load_sweep(name: str) -> Sweep:
     return sweep
 
 
-def list_sweeps() -> list[str]:
-    return sorted(p.stem for p in SWEEPS_DIR.glob("*.toml"))
+def grid_size(sweep: Sweep) -> int:
+    """How many (kernel, problem) cases the sweep's grids declare, before any is left out here."""
+    import math
+
+    return sum(len(g.kernels) * math.prod(len(v) for v in g.grid.values()) for g in sweep.groups)

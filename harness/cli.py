@@ -6,6 +6,10 @@ error (unknown family, target not found, not callable, unavailable kernel, a mal
 argument), 130 when the run was interrupted (SIGINT or SIGTERM): the records taken so far are kept and
 the report is written, marked partial.
 
+Defaults come from the caller's project (`harness.project`: the ``[tool.harness]`` table of the nearest
+pyproject.toml, else ``./.harness/``): where runs, counterexamples and the baseline go, the sweeps, the
+profile, the policy, the timeout and the kernels `harness check` checks; a flag overrides the table.
+
 Kernels run in a worker process each (see `harness.kernels.isolation`): a kernel that crashes or hangs
 costs one ``kernel_error`` record. ``--in-process`` runs them in the harness's own process instead, to
 step through a kernel with pdb (``breakpoint()`` in the kernel works there and only there).
@@ -14,7 +18,6 @@ step through a kernel with pdb (``breakpoint()`` in the kernel works there and o
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import signal
 import sys
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.errors import HarnessError, InvalidArgument
+from harness.records import FAILING_VERDICTS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -72,11 +76,20 @@ def _dtype_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _project(args):
+    """The caller's project (`harness.project.current`), loaded once per command."""
+    if getattr(args, "_project", None) is None:
+        from harness.project import current
+
+        args._project = current()
+    return args._project
+
+
 def _run_dir(args, name: str) -> Path:
     """The run directory: ``--report-dir`` or a fresh stamped one; one that holds a run needs ``--append``."""
     from harness.store import has_records
 
-    run_dir = Path(args.report_dir) if args.report_dir else _default_run_dir(name)
+    run_dir = Path(args.report_dir) if args.report_dir else _default_run_dir(name, _project(args))
     if has_records(run_dir) and not getattr(args, "append", False):
         raise InvalidArgument(f"--report-dir={str(run_dir)!r} already holds the records of a run; pass --append to "
                               "add this run's records to it, or choose another directory")
@@ -86,8 +99,11 @@ def _run_dir(args, name: str) -> Path:
 def _apply_isolation(args) -> None:
     from harness.kernels.isolation import configure
 
-    if getattr(args, "timeout", None) is not None:
-        configure(timeout_s=args.timeout)
+    timeout = getattr(args, "timeout", None)
+    if timeout is None and args.command in ("check", "sweep", "replay"):
+        timeout = _project(args).timeout
+    if timeout is not None:
+        configure(timeout_s=timeout)
     if getattr(args, "in_process", False):
         configure(isolation="in-process")
 
@@ -107,17 +123,18 @@ def _finish_partial(run_dir: Path, reason: str) -> int:
     return EXIT_INTERRUPTED
 
 
-def _default_run_dir(name: str) -> Path:
-    from harness.cases import ROOT
+def _default_run_dir(name: str, project=None) -> Path:
+    """A fresh stamped run directory in the project's ``runs`` folder (`harness.project.run_dir`)."""
+    from harness.project import run_dir
 
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return ROOT / "reports" / f"{name}-{stamp}"
+    return run_dir(name, project)
 
 
 def _policy(args):
     from harness.verdict import Policy
 
-    return Policy.parse(args.policy) if getattr(args, "policy", None) else Policy()
+    spec = getattr(args, "policy", None) or _project(args).policy
+    return Policy.parse(spec) if spec else Policy()
 
 
 def _finish_run(run_dir: Path, records: list[dict], *, quiet: bool = False) -> int:
@@ -133,7 +150,7 @@ def _finish_run(run_dir: Path, records: list[dict], *, quiet: bool = False) -> i
     if not quiet:
         print(summary)
         print(f"\nreport: {run_dir / 'index.md'}")
-    failing = [r for r in records if r.get("verdict") in ("divergent", "kernel_error")]
+    failing = [r for r in records if r.get("verdict") in FAILING_VERDICTS]
     return EXIT_FAIL if failing else EXIT_OK
 
 
@@ -171,27 +188,51 @@ def cmd_list(args) -> int:
     return EXIT_OK
 
 
+def _check_targets(args) -> list[tuple[str, str | None]]:
+    """(target, family) of each kernel to check: ``--kernel`` (with ``--family``), else the table's."""
+    from harness.project import kernel_target
+
+    if args.kernel:
+        return [(args.kernel, args.family)]
+    project = _project(args)
+    if not project.kernels:
+        where = project.pyproject or project.root / "pyproject.toml"
+        raise InvalidArgument(f"--kernel is not given and {where} lists no [[tool.harness.kernels]]; pass --kernel "
+                              "TARGET --family FAMILY, or add the kernels to the table (`harness init --kernel "
+                              "TARGET --family FAMILY` writes it)")
+    return [(kernel_target(k, project), args.family or k.family) for k in project.kernels]
+
+
 def cmd_check(args) -> int:
     from harness.api import check, user_kernel_spec
     from harness.store import RunStore, environment
 
-    user_kernel_spec(args.kernel, family=args.family)  # a bad target is a usage error before any directory
+    targets = _check_targets(args)
+    for target, family in targets:  # a bad target is a usage error before any directory is made
+        user_kernel_spec(target, family=family)
+    project = _project(args)
+    profile = args.profile or project.profile or "ci"
+    cases_dir = Path(args.cases_dir) if args.cases_dir else project.counterexamples_dir
     run_dir = _run_dir(args, "check")
+    results = []
     try:
-        with RunStore(run_dir, header=environment(args.profile)) as store:
-            result = check(args.kernel, family=args.family, profile=args.profile, dtypes=args.dtypes,
-                           device=args.device, max_length=args.max_length, max_examples=args.max_examples,
-                           policy=_policy(args), store=_Interruptible(store),
-                           counterexample_dir=Path(args.cases_dir) if args.cases_dir else None,
-                           grad=not args.no_grad)
+        with RunStore(run_dir, header=environment(profile)) as store:
+            for target, family in targets:
+                results.append(check(target, family=family, profile=profile, dtypes=args.dtypes,
+                                     device=args.device, max_length=args.max_length,
+                                     max_examples=args.max_examples, policy=_policy(args),
+                                     store=_Interruptible(store), counterexample_dir=cases_dir,
+                                     grad=not args.no_grad))
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (_on_signal)
         return _finish_partial(run_dir, getattr(exc, "reason", "interrupted (SIGINT)"))
-    status = _finish_run(run_dir, result.records)
-    if result.message:
-        print("\n" + result.message)
-        if result.counterexample:
-            print(f"\ncounterexample saved: {result.counterexample}")
-    return max(status, result.exit_code)
+    status = _finish_run(run_dir, [r for result in results for r in result.records])
+    for result in results:
+        if result.message:
+            print("\n" + result.message)
+            if result.counterexample:
+                print(f"\ncounterexample saved: {result.counterexample}")
+        status = max(status, result.exit_code)
+    return status
 
 
 def cmd_sweep(args) -> int:
@@ -200,7 +241,11 @@ def cmd_sweep(args) -> int:
     from harness.shard import Shard, shard_header
     from harness.store import RunStore, environment
 
-    sweep = load_sweep(args.name)
+    if args.list:
+        return _list_sweeps(args)
+    if not args.name:
+        raise InvalidArgument("sweep needs a NAME (or a .toml file); `harness sweep --list` shows the sweeps")
+    sweep = load_sweep(args.name, _project(args))
     run_dir = _run_dir(args, sweep.name)
     options = RunOptions(policy=_policy(args))
     shard = Shard.parse(args.shard) if args.shard else None
@@ -218,6 +263,19 @@ def cmd_sweep(args) -> int:
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (_on_signal)
         return _finish_partial(run_dir, getattr(exc, "reason", "interrupted (SIGINT)"))
     return _finish_run(run_dir, records)
+
+
+def _list_sweeps(args) -> int:
+    """One line per sweep: its name, where it comes from, its cases (runnable here / in its grids)."""
+    from harness.cases import grid_size, load_sweep, sweep_files
+
+    for found in sweep_files(_project(args)):
+        sweep = load_sweep(str(found.path))
+        here = sum(1 for _ in sweep.cases())
+        pairs = f" + {sum(1 for _ in sweep.pair_cases())} pair cases ({len(sweep.pairs)} kernel pairs)" if sweep.pairs else ""
+        print(f"{found.name:<14} {found.origin:<9} {here:>5} cases{pairs} runnable here, of {grid_size(sweep)} in "
+              f"its grids  ({found.path})")
+    return EXIT_OK
 
 
 def _progress(rec: dict) -> None:
@@ -259,7 +317,7 @@ def cmd_replay(args) -> int:
     if expect is not None and record["verdict"] != expect:
         print(f"\nexpected verdict {expect!r}, got {record['verdict']!r}")
         return EXIT_FAIL
-    return EXIT_FAIL if record["verdict"] in ("divergent", "kernel_error") and expect is None else EXIT_OK
+    return EXIT_FAIL if record["verdict"] in FAILING_VERDICTS and expect is None else EXIT_OK
 
 
 def _replay_kernel(kernel: str, family: str):
@@ -314,18 +372,38 @@ def cmd_gate(args) -> int:
 
     from harness.report import append_step_summary
 
-    result = gate(args.baseline, args.run_dir, fail_on=args.fail_on, fail_on_missing=args.fail_on_missing)
+    baseline = args.baseline or _project(args).baseline_dir
+    result = gate(baseline, args.run_dir, fail_on=args.fail_on, fail_on_missing=args.fail_on_missing,
+                  allow_mismatch=args.allow_mismatch)
     summary = result.summary_markdown()
     append_step_summary(summary)
     print(summary)
     return EXIT_OK if result.passed else EXIT_FAIL
 
 
+def cmd_init(args) -> int:
+    from harness.project import KernelEntry
+    from harness.scaffold import init_project
+
+    if len(args.family) not in (0, len(args.kernel)):
+        raise InvalidArgument(f"--family is given {len(args.family)} times for {len(args.kernel)} --kernel; give one "
+                              "--family per --kernel, in the same order")
+    families = args.family or [None] * len(args.kernel)
+    kernels = [KernelEntry(t, f) for t, f in zip(args.kernel, families)]
+    from harness.project import find_root
+
+    for path in init_project(find_root(), kernels, force=args.force, workflow=not args.no_workflow,
+                             harness_requirement=args.requirement):
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
 def cmd_baseline(args) -> int:
     from harness.gate import update_baseline
 
-    update_baseline(args.run_dir, args.baseline)
-    print(f"baseline updated: {args.baseline} <- {args.run_dir}")
+    baseline = args.baseline or _project(args).baseline_dir
+    update_baseline(args.run_dir, baseline)
+    print(f"baseline updated: {baseline} <- {args.run_dir}")
     return EXIT_OK
 
 
@@ -343,20 +421,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("check", help="drive one kernel (registered name or module:attr / file.py:attr)")
     s.add_argument("--family", default=None, help="linear_scan | selective_scan | retention | retention_normed")
-    s.add_argument("--kernel", required=True, help="TARGET: package.module:attr, path/to/file.py:attr")
-    s.add_argument("--profile", choices=("dev", "ci", "nightly"), default="ci")
+    s.add_argument("--kernel", default=None, help="TARGET: package.module:attr, path/to/file.py:attr "
+                   "(default: every [[tool.harness.kernels]] of the project's pyproject.toml)")
+    s.add_argument("--profile", choices=("dev", "ci", "nightly"), default=None,
+                   help="default: the table's profile, else ci")
     s.add_argument("--dtypes", default=None, type=_dtype_list,
                    help="comma-separated subset of float64,float32,float16,bfloat16")
     s.add_argument("--device", default="cpu")
     s.add_argument("--max-length", type=_positive_int("--max-length"), default=None)
     s.add_argument("--max-examples", type=_positive_int("--max-examples"), default=None)
-    s.add_argument("--cases-dir", default=None, help="where the shrunk counterexample is saved")
+    s.add_argument("--cases-dir", default=None, help="where the shrunk counterexample is saved (default: the "
+                   "project's counterexamples folder)")
     s.add_argument("--no-grad", action="store_true",
                    help="skip the gradient check (by default every differentiable kernel's gradients are checked)")
     s.set_defaults(func=cmd_check)
 
-    s = sub.add_parser("sweep", help="run a named sweep from cases/sweeps/ (or a .toml file)")
-    s.add_argument("name")
+    s = sub.add_parser("sweep", help="run a named sweep (the project's, else a built-in one) or a .toml file")
+    s.add_argument("name", nargs="?")
+    s.add_argument("--list", action="store_true", help="list the sweeps, one line each (where from, cases)")
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--shard", default=None, metavar="K/N",
                    help="run job K of N: every N-th case of the sweep from the K-th (merge the runs with `merge`)")
@@ -389,14 +471,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("gate", help="fail when a run is worse than the baseline")
     s.add_argument("run_dir")
-    s.add_argument("--baseline", default="reports/baseline")
+    s.add_argument("--baseline", default=None, help="default: the project's baseline folder")
     s.add_argument("--fail-on-missing", action="store_true")
+    s.add_argument("--allow-mismatch", "--force", action="store_true", dest="allow_mismatch",
+                   help="compare although the two runs' headers say the comparison is meaningless (another "
+                        "device family, a record schema this version cannot read)")
     s.set_defaults(func=cmd_gate)
 
-    s = sub.add_parser("update-baseline", help="make a run the new baseline (reports/baseline)")
+    s = sub.add_parser("update-baseline", help="make a run the new baseline (the project's baseline folder)")
     s.add_argument("run_dir")
-    s.add_argument("--baseline", default="reports/baseline")
+    s.add_argument("--baseline", default=None, help="default: the project's baseline folder")
     s.set_defaults(func=cmd_baseline)
+
+    s = sub.add_parser("init", help="write the [tool.harness] table into ./pyproject.toml and the CI workflow")
+    s.add_argument("--kernel", action="append", default=[], metavar="TARGET",
+                   help="a kernel to check (file.py:attr relative to the project, module:attr or a registered "
+                        "name); repeat for several")
+    s.add_argument("--family", action="append", default=[], help="the family of each --kernel, in order")
+    s.add_argument("--force", action="store_true", help="replace an existing [tool.harness] table and workflow")
+    s.add_argument("--no-workflow", action="store_true", help="write the table only")
+    s.add_argument("--requirement", default=None,
+                   help="how the workflow installs the harness (default: this version from PyPI), e.g. "
+                        "'seqkernel-harness @ git+https://github.com/OWNER/seqkernel-harness@v0.1.0'")
+    s.set_defaults(func=cmd_init)
 
     for name in ("check", "sweep", "replay", "gate"):
         add_report_options(sub.choices[name], cli=True, command=name)

@@ -3,7 +3,8 @@
 A kernel repository keeps a baseline run (``reports/baseline``: its records and header, committed) and
 gates every change against it: ``harness gate reports/latest --baseline reports/baseline`` or
 ``pytest --harness-baseline reports/baseline``. Runs are compared *cell by cell*: a cell is the key of
-`harness.report.CELL_KEYS` (kernel, family, dtype, power-of-two length bucket, eps, chunk_size, regime),
+`harness.report.CELL_KEYS` (kernel, family, dtype, device, TF32, power-of-two length bucket, eps, chunk_size,
+regime),
 and a cell's metric is the worst (max) value over its cases, as in the report's cells table. Cells are
 used rather than single cases because a property-based run draws different cases every time.
 
@@ -27,7 +28,13 @@ does not fail the gate:
 - ``ulp_p99``: 4 ULPs;
 - ``baseline_ratio``: 1.0: both no worse than the plain sequential loop in the same dtype.
 
-Besides metric growth, the gate fails when a cell's worst verdict gets worse (`harness.report.SEVERITY`:
+Before any cell, the gate reads the two runs' headers (`comparability`, as pytest-benchmark compares
+``machine_info`` first): runs on different families of device (CPU against CUDA), or records of a
+schema newer than this harness reads (`harness.records.SCHEMA_VERSION`), are refused with the reason
+(`IncomparableRuns`, exit status 2) unless ``allow_mismatch`` (``--allow-mismatch`` / ``--force``).
+Other differences (torch, harness version, GPU model) are listed as notes and compared anyway.
+
+Besides metric growth, the gate fails when a cell's worst verdict gets worse (`harness.records.SEVERITY`:
 equivalent -> anything else, out_of_domain -> divergent or kernel_error). A new value that is NaN or
 Inf where the baseline's was finite counts as growth past any factor. Cells only in one run are
 reported (``missing`` / ``added``) and fail only with ``fail_on_missing=True``; but two runs with no
@@ -48,6 +55,7 @@ import pandas as pd
 
 from harness.errors import InvalidArgument
 from harness.options import DEFAULT_FAIL_ON
+from harness.records import SCHEMA_VERSION, device_family, newer_schema, schema_version
 from harness.report import CELL_KEYS, cell_table, format_value, severity
 
 #: Short names of the fail-on language -> record fields.
@@ -103,6 +111,7 @@ class GateResult:
     terms: tuple[FailOn, ...] = ()
     better: list[str] = field(default_factory=list)
     unchanged: int = 0
+    notes: list[str] = field(default_factory=list)  # header differences compared anyway (`comparability`)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -112,7 +121,9 @@ class GateResult:
         terms = ", ".join(t.term for t in self.terms) or "verdicts only"
         head = f"**Gate {'passed' if self.passed else 'FAILED'}** (fail on: {terms}; {len(self.failures)} failures)"
         extra = [f for f in self.failures if f.startswith(("no cell", "missing cell"))]
-        return head + "\n\n" + changes_markdown(self.table, self.terms, max_lines=max_lines, extra_failures=extra)
+        notes = "".join(f"\n- note: {n}" for n in self.notes)
+        return (head + notes + "\n\n"
+                + changes_markdown(self.table, self.terms, max_lines=max_lines, extra_failures=extra))
 
 
 #: How a cell changed between two runs, in the order `diff_runs` lists them (what a reviewer acts on first).
@@ -192,9 +203,14 @@ def _ratio(base: float, new: float) -> float:
 
 
 def cell_label(row: Mapping[str, Any]) -> str:
-    """``kernel=k family=f dtype=d length=64-127 regime=r`` (eps and chunk_size when set)."""
-    parts = [f"kernel={row['kernel']}", f"family={row['family']}", f"dtype={row['dtype']}",
-             f"length={row['length_bucket']}"]
+    """``kernel=k family=f dtype=d length=64-127 regime=r`` (tf32, a device other than cpu, eps and chunk_size
+    when set)."""
+    parts = [f"kernel={row['kernel']}", f"family={row['family']}", f"dtype={row['dtype']}"]
+    if row.get("tf32") not in (None, "-"):
+        parts.append("tf32")
+    if row.get("device") not in (None, "cpu"):
+        parts.append(f"device={row['device']}")
+    parts.append(f"length={row['length_bucket']}")
     if row.get("eps") not in (None, "-"):
         parts.append(f"eps={row['eps']}")
     if row.get("chunk_size") not in (None, "-"):
@@ -369,10 +385,57 @@ def _grew(term: FailOn, base: float, new: float, dtype: str) -> bool:
     return new > term.factor * base
 
 
+class IncomparableRuns(InvalidArgument):
+    """The two runs' headers make a cell-by-cell comparison meaningless (`comparability`)."""
+
+
+#: Header fields whose difference is worth a note but does not stop the comparison.
+NOTED_FIELDS: tuple[str, ...] = ("device", "torch", "harness_version", "cuda")
+
+
+def comparability(base_header: Mapping[str, Any], new_header: Mapping[str, Any],
+                  base_records: Sequence[Mapping[str, Any]] = (),
+                  new_records: Sequence[Mapping[str, Any]] = ()) -> tuple[list[str], list[str]]:
+    """(reasons the runs cannot be compared, notes on what differs but is compared anyway).
+
+    Refused: a header or record of a schema newer than `SCHEMA_VERSION` (its fields may mean something
+    else), and runs on different device families (`harness.records.device_family`). A header missing on
+    either side (an older baseline copied without run.json) is compared, with a note.
+    """
+    refuse: list[str] = []
+    notes: list[str] = []
+    for name, header, records in (("baseline", base_header, base_records), ("run", new_header, new_records)):
+        newer = newer_schema([header, *records])
+        if newer is not None:
+            refuse.append(f"the {name} was written with record schema {newer}, newer than this harness reads "
+                          f"({SCHEMA_VERSION}); upgrade the harness (its version: {header.get('harness_version')})")
+    base_family, new_family = device_family(base_header), device_family(new_header)
+    if base_family == new_family == "unknown":
+        pass  # neither run has a header (records written by hand, or copied alone): nothing to compare
+    elif "unknown" in (base_family, new_family):
+        missing = [n for n, f in (("baseline", base_family), ("run", new_family)) if f == "unknown"]
+        notes.append(f"no device in the {' and '.join(missing)} header (run.json): the device was not checked")
+    elif base_family != new_family:
+        refuse.append(f"the baseline ran on {base_family} ({base_header.get('device')}) and this run on "
+                      f"{new_family} ({new_header.get('device')}): different device families round differently, "
+                      "so a cell's change says nothing about the kernel; make a baseline on this device family")
+    for key in NOTED_FIELDS:
+        if base_header and new_header and base_header.get(key) != new_header.get(key):
+            notes.append(f"{key} differs: baseline {base_header.get(key)!r}, run {new_header.get(key)!r}")
+    old = {schema_version(base_header), schema_version(new_header)} if base_header and new_header else set()
+    if len(old) > 1:
+        notes.append(f"record schemas {sorted(old)} (older records are read as they were written)")
+    return refuse, notes
+
+
 def gate(baseline_dir: str | os.PathLike, new_dir: str | os.PathLike, fail_on: str | None = DEFAULT_FAIL_ON, *,
-         fail_on_missing: bool = False) -> GateResult:
-    """Compare the run in ``new_dir`` with the baseline in ``baseline_dir`` (see the module docstring)."""
-    from harness.store import load_records
+         fail_on_missing: bool = False, allow_mismatch: bool = False) -> GateResult:
+    """Compare the run in ``new_dir`` with the baseline in ``baseline_dir`` (see the module docstring).
+
+    Raises `IncomparableRuns` when the headers make the comparison meaningless, unless ``allow_mismatch``
+    (then the reasons are kept as notes of the result).
+    """
+    from harness.store import load_header, load_records
 
     base_path, new_path = Path(baseline_dir), Path(new_dir)
     if not base_path.is_dir():
@@ -386,10 +449,16 @@ def gate(baseline_dir: str | os.PathLike, new_dir: str | os.PathLike, fail_on: s
     if not new_records:
         raise InvalidArgument(f"new_dir={str(new_dir)!r} holds no records (records*.jsonl); run a sweep or a "
                               "check with --report-dir first")
-    return gate_records(base_records, new_records, fail_on, fail_on_missing=fail_on_missing)
+    refuse, notes = comparability(load_header(base_path), load_header(new_path), base_records, new_records)
+    if refuse and not allow_mismatch:
+        raise IncomparableRuns(f"the gate refuses to compare {str(new_dir)!r} with the baseline {str(baseline_dir)!r}: "
+                               + "; ".join(refuse) + ". Pass --allow-mismatch (allow_mismatch=True) to compare anyway")
+    result = gate_records(base_records, new_records, fail_on, fail_on_missing=fail_on_missing)
+    result.notes = [f"compared although {r} (--allow-mismatch)" for r in refuse] + notes
+    return result
 
 
-def update_baseline(run_dir: str | os.PathLike, baseline_dir: str | os.PathLike = "reports/baseline") -> Path:
+def update_baseline(run_dir: str | os.PathLike, baseline_dir: str | os.PathLike) -> Path:
     """Make the run in ``run_dir`` the baseline: its records (merged, one file) and header (run.json).
 
     Records of an earlier baseline are replaced; other files in ``baseline_dir`` are left alone.

@@ -17,7 +17,7 @@ A ``[tool.harness]`` table moves any of these and says what to check (this repos
     runs = "reports"                       # run directories go here
     counterexamples = "cases/counterexamples"
     baseline = "reports/baseline"
-    sweeps = ["cases/sweeps"]              # searched before the sweeps shipped with the harness
+    sweeps = ["numerics/sweeps"]           # the project's sweeps, searched before the built-in ones
     profile = "ci"                         # dev | ci | nightly
     policy = "cond=1,baseline=2"           # `harness.verdict.Policy.parse`
     timeout = 60                           # seconds per kernel call
@@ -27,6 +27,8 @@ A ``[tool.harness]`` table moves any of these and says what to check (this repos
 
 Relative paths are taken from the project's root. Command-line flags override the table; an unknown
 key or a value of the wrong type is an `InvalidArgument` naming the key, the value and what is expected.
+The built-in sweeps (``default``, ``gpu``, ``mamba_seed``, ``retnet_seed``) ship inside the package
+(`BUILTIN_SWEEPS`); a project sweep of the same name comes first.
 """
 
 from __future__ import annotations
@@ -140,10 +142,34 @@ def load_project(start: str | os.PathLike | None = None) -> Project:
                    configured=table is not None, pyproject=pyproject if pyproject.is_file() else None)
 
 
+def current() -> Project:
+    """The project of the working directory (what every command-line default is taken from)."""
+    return load_project()
+
+
+def run_dir(name: str, project: Project | None = None) -> Path:
+    """A fresh, stamped run directory ``<runs>/<name>-<YYYYmmdd-HHMMSS>`` of ``project`` (default: current)."""
+    import datetime as _dt
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return (project or current()).runs_dir / f"{name}-{stamp}"
+
+
+def kernel_target(entry: KernelEntry, project: Project, cwd: str | os.PathLike | None = None) -> str:
+    """``entry.target`` as the working directory must spell it: a ``file.py:attr`` target of the table is
+    relative to the project's root (a registered name or ``module:attr`` is returned as it is)."""
+    path, sep, attr = entry.target.rpartition(":")
+    if not sep or not path.endswith(".py") or Path(path).is_absolute():
+        return entry.target
+    here = Path(cwd or os.getcwd()).resolve()
+    return f"{os.path.relpath(project.root / path, here)}:{attr}"
+
+
 def init_table(kernels: list[KernelEntry] | None = None) -> str:
     """A ``[tool.harness]`` table for a new project (what `harness init` appends to its pyproject.toml)."""
-    lines = ["[tool.harness]", 'runs = ".harness/runs"', 'counterexamples = "cases/counterexamples"',
-             'baseline = "harness-baseline"', 'profile = "ci"']
+    lines = ["[tool.harness]", "# Written by `harness init`; keys: harness.project. Commit the baseline and the",
+             "# counterexamples; .harness/ holds the runs (ignore it).", 'runs = ".harness/runs"',
+             'counterexamples = "numerics/counterexamples"', 'baseline = "numerics/baseline"', 'profile = "ci"']
     for entry in kernels or []:
         lines += ["", "[[tool.harness.kernels]]", f"target = {json.dumps(entry.target)}"]
         if entry.family:

@@ -4,8 +4,13 @@ Registered under the ``pytest11`` entry point ``seqkernel_harness``, so it is ac
 is installed. It adds the options of `harness.options` (``--harness-report-dir``, ``--harness-baseline``,
 ``--harness-fail-on``, ``--harness-fail-on-missing``, ``--harness-policy``, ``--harness-no-summary``,
 ``--harness-timeout``, ``--harness-in-process``) and
-two session-scoped fixtures:
+two session-scoped fixtures and a check:
 
+- ``harness_check``: ``harness_check(kernel, family=..., **options)`` runs `harness.api.check` (the same
+  engine as `harness check`: property search, shrinking, gradients) on a kernel of the user's own test
+  suite, records every case into the session's run, saves the shrunk counterexample in the project's
+  counterexamples folder (`harness.project`), and fails the test with the shrunk case's message
+  (`harness.errors.DivergenceError`); it returns the `harness.api.CheckResult` when the kernel passes;
 - ``harness_recorder``: ``.record(rec)`` (alias ``.append``, so it can be passed as a runner's
   ``store=``) appends one record to the run (`harness.store.RunStore`);
 - ``harness_policy``: the verdict `harness.verdict.Policy` (``Policy.parse(--harness-policy)``, else the
@@ -248,6 +253,32 @@ def harness_policy(pytestconfig: pytest.Config) -> Any:
         spec = state.options.policy
         state.policy = Policy.parse(spec) if spec else Policy()
     return state.policy
+
+
+@pytest.fixture
+def harness_check(harness_recorder: Recorder, harness_policy: Any) -> Any:
+    """Check a kernel inside a test: ``harness_check("my_pkg.scan:fn", family="linear_scan")``.
+
+    Keyword options are those of `harness.api.check` (``profile``, ``dtypes``, ``max_length``,
+    ``max_examples``, ``grad``...); ``policy`` defaults to the session's (``--harness-policy``) and
+    ``counterexample_dir`` to the project's. A failing kernel fails the test with the shrunk case.
+    """
+
+    def run(kernel: Any, *, family: Any = None, **options: Any) -> Any:
+        __tracebackhide__ = True
+        from harness.api import check
+        from harness.errors import DivergenceError
+        from harness.project import current
+
+        options.setdefault("policy", harness_policy)
+        options.setdefault("counterexample_dir", current().counterexamples_dir)
+        result = check(kernel, family=family, store=harness_recorder, **options)
+        if not result.passed:
+            saved = f"\n\ncounterexample saved: {result.counterexample}" if result.counterexample else ""
+            raise DivergenceError(f"{result.message}{saved}")
+        return result
+
+    return run
 
 
 # ------------------------------------------------------------------------------------------- the end

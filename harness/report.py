@@ -46,16 +46,12 @@ import pandas as pd
 
 from harness.findings import findings
 
-#: The verdicts, in the order the headline lists them.
-VERDICTS: tuple[str, ...] = ("equivalent", "divergent", "out_of_domain", "kernel_error")
+from harness.records import SEVERITY, VERDICTS, severity  # noqa: F401 - one definition, re-exported
 
-#: How bad a verdict is (higher is worse). ``out_of_domain`` is the inputs' finding, not the kernel's,
-#: so it ranks below the two verdicts that mean a kernel bug; an unknown verdict ranks with them.
-SEVERITY: dict[str, int] = {"equivalent": 0, "out_of_domain": 1, "kernel_error": 2, "divergent": 3}
-_UNKNOWN_SEVERITY = 2
-
-#: The key of a cell, in the order tables show it (the gate matches runs on the same key).
-CELL_KEYS: tuple[str, ...] = ("kernel", "family", "dtype", "length_bucket", "eps", "chunk_size", "regime")
+#: The key of a cell, in the order tables show it (the gate matches runs on the same key). The device
+#: and TF32 are part of it: CUDA, TF32 and CPU records of one kernel and dtype are different cells.
+CELL_KEYS: tuple[str, ...] = ("kernel", "family", "dtype", "device", "tf32", "length_bucket", "eps", "chunk_size",
+                              "regime")
 
 #: The metrics aggregated per cell (the maximum over the cell's records).
 CELL_METRICS: tuple[str, ...] = ("max_abs", "max_rel", "rms_ratio", "ulp_p99", "cond_max", "baseline_ratio")
@@ -113,10 +109,6 @@ def number(value: Any) -> float:
         except ValueError:
             return math.nan
     return math.nan
-
-
-def severity(verdict: Any) -> int:
-    return SEVERITY.get(str(verdict), _UNKNOWN_SEVERITY)
 
 
 def length_bucket(length: Any) -> tuple[int, str]:
@@ -180,13 +172,14 @@ def canonical_order(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, A
 def cell_key(record: Mapping[str, Any]) -> tuple[str, ...]:
     """The cell a record belongs to, as text (the order of `CELL_KEYS`)."""
     return (_key_text(record.get("kernel")), _key_text(record.get("family")), _key_text(record.get("dtype")),
+            _key_text(record.get("device") or "cpu"), "tf32" if record.get("tf32") else "-",
             length_bucket(record.get("length"))[1], _key_text(record.get("eps")),
             _key_text(record.get("chunk_size")), _key_text(record.get("regime")))
 
 
 def _cell_sort_key(record: Mapping[str, Any]) -> tuple:
     return (str(record.get("kernel")), str(record.get("family")), str(record.get("dtype")),
-            length_bucket(record.get("length"))[0], _sortable(record.get("eps")),
+            str(record.get("device") or "cpu"), bool(record.get("tf32")), length_bucket(record.get("length"))[0], _sortable(record.get("eps")),
             _sortable(record.get("chunk_size")), str(record.get("regime")))
 
 

@@ -116,6 +116,7 @@ class RunOptions:
     # re-run a divergent low-precision case on the same (rounded) inputs in float64 to name precision loss
     precision_counterfactual: bool = True
     isolation: str = field(default_factory=isolation.default_isolation)
+    oracle_cache: Any = None  # a harness.oracle_cache.OracleCache shared by the run's cases, or None
 
     def worker_for(self, spec: KernelSpec, kernel_fn: Callable | None = None) -> tuple[Any, str]:
         """(the worker reference ``spec`` runs under, or None for in-process; the record's ``isolation``)."""
@@ -150,12 +151,13 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     options = options or RunOptions()
     timings: dict[str, float] = {}
     began = t0 = time.perf_counter()
+    cache = options.oracle_cache if inputs is None else None  # inputs passed in are not the problem's own
     if inputs is None:
         inputs = problem.make_inputs()
     timings["t_inputs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    traces = reference_traces(problem, inputs, spec.convention)
+    traces = (cache.traces if cache is not None else reference_traces)(problem, inputs, spec.convention)
     trace = traces["output"]
     timings["t_oracle"] = time.perf_counter() - t0
 
@@ -195,8 +197,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
     t0 = time.perf_counter()
     try:
-        baselines = baseline_outputs(problem.replace(dtype=storage),
-                                     {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
+        baselines = (cache.baselines if cache is not None else baseline_outputs)(
+            problem.replace(dtype=storage), {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
     except Exception as exc:  # noqa: BLE001 - a baseline failure must not lose the kernel's measurement
         baselines, record["baseline_error"] = None, f"{type(exc).__name__}: {exc}"
     baseline = None if baselines is None else baselines["output"]
@@ -305,6 +307,7 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
 
 def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:
     record["verdict"] = judgement.verdict.value
+    record["rule"] = judgement.rule
     record["why"] = judgement.why
     record["cause"] = cause
     record.update({k: round(v, 6) for k, v in timings.items()})
@@ -349,8 +352,9 @@ def run_pair(spec_a: KernelSpec, spec_b: KernelSpec, problem: Problem, options: 
         record["ab_max_abs"] = float(diff.nan_to_num(nan=float("inf")).max()) if diff.numel() else 0.0
         scale = outs[1].abs().nan_to_num(nan=0.0).max().item() if diff.numel() else 0.0
         record["ab_max_rel"] = record["ab_max_abs"] / scale if scale > 0 else None
-    severity = ("kernel_error", "divergent", "out_of_domain", "equivalent")
-    record["verdict"] = min((rec_a["verdict"], rec_b["verdict"]), key=severity.index)
+    from harness.records import severity
+
+    record["verdict"] = max((rec_a["verdict"], rec_b["verdict"]), key=severity)
     record["why"] = f"A: {rec_a['why']} | B: {rec_b['why']}"
     record["cause"] = rec_a["cause"] if rec_a["verdict"] != "equivalent" else rec_b["cause"]
     record["replay"] = rec_a["replay"]

@@ -53,6 +53,14 @@ def dumps(record: dict[str, Any]) -> str:
     return json.dumps(_encode(record), sort_keys=True, allow_nan=False, default=str)
 
 
+def stamped(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with this harness's `harness.records.SCHEMA_VERSION` when it carries none (a record
+    read from an older run keeps the version it was written with)."""
+    from harness.records import SCHEMA_VERSION
+
+    return record if "schema_version" in record else {"schema_version": SCHEMA_VERSION, **record}
+
+
 def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True,
@@ -71,14 +79,17 @@ def environment(profile: str | None = None, command: str | None = None) -> dict[
     from harness.kernels.triton_interpreter import describe as triton_layer
 
     cuda = torch.cuda.is_available()
+    from harness.records import SCHEMA_VERSION
+
     return {
+        "schema_version": SCHEMA_VERSION,
         "harness_version": __version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
         "cuda": torch.version.cuda if cuda else None,
-        "git_commit": git_commit(Path(__file__).resolve().parent),
+        "git_commit": git_commit(Path.cwd()),  # the caller's project, not the installed package
         "profile": profile,
         "command": command or " ".join(sys.argv),
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -100,7 +111,7 @@ class RunStore:
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def append(self, record: dict[str, Any]) -> None:
-        self._fh.write(dumps(record) + "\n")
+        self._fh.write(dumps(stamped(record)) + "\n")
         self._fh.flush()
 
     def close(self) -> None:

@@ -259,10 +259,15 @@ def judge(
 ) -> Judgement:
     """Apply ``policy`` (default: `Policy()`) to a record; see the module docstring for the rules.
 
-    ``record`` may be a `Divergence`, its ``to_dict()``, or None when ``kernel_error`` is given.
-    ``dtype`` overrides the record's dtype (float64 is held to float64 rounding).
+    ``record`` may be a `Divergence`, its ``to_dict()``, a stored runner record, or None when
+    ``kernel_error`` is given. ``dtype`` overrides the record's dtype (float64 is held to float64
+    rounding); a stored runner record is judged in its measured precision (`harness.records.
+    measured_precision`: its ``precision`` field), not its problem's dtype: a float64 case of a kernel
+    that computes in float32 was measured against float32 rounding and is re-judged the same way.
     """
     policy = policy if policy is not None else Policy()
+    if dtype is None and isinstance(record, Mapping) and record.get("precision"):
+        dtype = record["precision"]
     if kernel_error is None and isinstance(record, Mapping):
         kernel_error = _stored_kernel_error(record)
     if kernel_error is not None:
@@ -450,7 +455,8 @@ def format_failure(
             else "all elements in domain"
         )
         lines.append(f"Non-finite: {rec.nonfinite_class} ({rec.n_kernel_nonfinite} NaN/Inf in the output); {dom}")
-    lines.append(f"Classification: {judgement.verdict.value} (rule {judgement.rule}) -- {judgement.why}")
+    rule = f" (rule {judgement.rule})" if judgement.rule else ""
+    lines.append(f"Classification: {judgement.verdict.value}{rule} -- {judgement.why}")
     if replay:
         lines.append(f"Replay: {replay}")
     return "\n".join(lines)

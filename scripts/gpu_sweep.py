@@ -272,45 +272,12 @@ def compile_key(spec, problem) -> tuple:
 
 
 # ---------------------------------------------------------------------------------------------- oracle
-@contextlib.contextmanager
-def memoized_oracle(max_entries: int = ORACLE_CACHE_ENTRIES) -> Iterator[dict[str, int]]:
-    """Serve `harness.runner.reference_trace` and `baseline_output` from small caches inside the block.
+def oracle_cache(max_entries: int = ORACLE_CACHE_ENTRIES):
+    """The run's `harness.oracle_cache.OracleCache`: the float64 oracle and the same-dtype baseline computed
+    once per problem across kernels, TF32 on and off and chunk sizes (passed to the runner in RunOptions)."""
+    from harness.oracle_cache import OracleCache
 
-    `run_case` recomputes the float64 oracle and the same-dtype sequential baseline for every (kernel,
-    problem); kernels of one family, TF32 on and off and chunk sizes see the same rounded inputs, so
-    both are keyed on the problem without those fields (and on the retention convention; the oracle
-    also without the device). The baseline runs outside the TF32 block in `run_case`, so it does not
-    depend on ``tf32``. A warm-up and its timed case share both. Both functions are restored on exit.
-    """
-    from harness import runner
-
-    originals = (runner.reference_trace, runner.baseline_output)
-    stats = {"hits": 0, "misses": 0}
-
-    def memo(fn, keep_device: bool):
-        cache: collections.OrderedDict = collections.OrderedDict()
-
-        def cached(problem, inputs, convention=runner.RETNET):
-            fields = {"tf32": False, "chunk_size": None} | ({} if keep_device else {"device": "cpu"})
-            key = (problem.replace(**fields).key, problem.device if keep_device else None, convention)
-            if key in cache:
-                cache.move_to_end(key)
-                stats["hits"] += 1
-                return cache[key]
-            stats["misses"] += 1
-            value = cache[key] = fn(problem, inputs, convention)
-            if len(cache) > max_entries:
-                cache.popitem(last=False)
-            return value
-
-        return cached
-
-    runner.reference_trace = memo(originals[0], keep_device=False)
-    runner.baseline_output = memo(originals[1], keep_device=True)
-    try:
-        yield stats
-    finally:
-        runner.reference_trace, runner.baseline_output = originals
+    return OracleCache(max_entries)
 
 
 # ----------------------------------------------------------------------------------------------- tables
@@ -466,8 +433,10 @@ def finish(out: Path, *, report: bool = True, cut_short: str | None = None) -> i
     log(f"status: {status_line(header)}")
     if header.get("stopped"):
         return EXIT_STOPPED
+    from harness.records import FAILING_VERDICTS
+
     intree = set(header.get("intree_kernels", []))
-    failing = [r for r in records if r.get("kernel") in intree and r.get("verdict") in ("divergent", "kernel_error")]
+    failing = [r for r in records if r.get("kernel") in intree and r.get("verdict") in FAILING_VERDICTS]
     return 1 if failing else 0
 
 
@@ -540,6 +509,7 @@ class Sweep:
         self.records = 0
         self.warmed: set[tuple] = set()
         self.det_not_checked: dict[str, str] = {}  # kernel -> why its determinism check did not run
+        self.oracle = oracle_cache()  # shared by the grid's cases and their warm-ups (RunOptions.oracle_cache)
 
     def remaining(self) -> float:
         return self.deadline - time.perf_counter()
@@ -616,6 +586,7 @@ def run_determinism(sweep: Sweep, det_cases, deadline: float) -> None:
 
 
 def run_grid(sweep: Sweep, cases, store) -> None:
+    from harness.records import FAILING_VERDICTS
     from harness.runner import RunOptions, run_case
     from harness.store import dumps
 
@@ -637,7 +608,7 @@ def run_grid(sweep: Sweep, cases, store) -> None:
                 sweep.warmed.add(key)
                 timeout = sweep.timeout(sweep.args.warmup_timeout_s)
                 try:
-                    warm = run_case(spec, problem, RunOptions(timeout_s=timeout))
+                    warm = run_case(spec, problem, RunOptions(timeout_s=timeout, oracle_cache=sweep.oracle))
                 except Exception as exc:  # noqa: BLE001
                     warm = {"outcome": "harness_error", "error": f"{type(exc).__name__}: {exc}", "t_kernel": 0.0}
                 row = {"kernel": spec.name, "case": problem.key, "outcome": warm["outcome"],
@@ -659,13 +630,14 @@ def run_grid(sweep: Sweep, cases, store) -> None:
                         sweep.records += 1
                         continue
             try:
-                rec = run_case(spec, problem, RunOptions(timeout_s=sweep.timeout(sweep.args.timeout_s)), store=store)
+                rec = run_case(spec, problem, RunOptions(timeout_s=sweep.timeout(sweep.args.timeout_s),
+                                                         oracle_cache=sweep.oracle), store=store)
             except Exception as exc:  # noqa: BLE001 - e.g. the device fell over while copying inputs
                 rec = _error_record(spec, problem, "harness_error", f"{type(exc).__name__}: {exc}",
                                     f"run_case raised {type(exc).__name__}: {exc}")
                 store.append(rec)
             sweep.records += 1
-            if rec["verdict"] in ("divergent", "kernel_error"):
+            if rec["verdict"] in FAILING_VERDICTS:
                 log(f"  {rec['verdict']}: {spec.name} {problem.dtype}{'+tf32' if problem.tf32 else ''} "
                     f"L={problem.length} {problem.regime}: {str(rec.get('why'))[:200]}")
             if rec["verdict"] == "kernel_error":
@@ -777,8 +749,8 @@ def _sweep(args: argparse.Namespace, argv: Sequence[str] | None, t_start: float)
     try:
         det_deadline = min(sweep.deadline, time.perf_counter() + args.determinism_budget_s)
         run_determinism(sweep, det_cases, det_deadline)
-        with memoized_oracle() as oracle_stats:
-            run_grid(sweep, cases, store)
+        oracle_stats = sweep.oracle.stats
+        run_grid(sweep, cases, store)
     except (CutShort, KeyboardInterrupt) as exc:
         cut_short = str(exc) or type(exc).__name__
         log(f"cut short: {cut_short}")

@@ -333,18 +333,26 @@ def test_gpu_sweep_plan() -> None:
     assert all(p.dtype == "float32" and not p.tf32 and p.length == 257 for _, p in det)
 
 
-def test_gpu_sweep_memoizes_the_oracle_and_restores_it() -> None:
+def test_gpu_sweep_shares_the_oracle_through_the_runner_not_a_monkeypatch() -> None:
+    """The sweep's oracle cache travels in RunOptions (harness.oracle_cache); the runner is left as it is."""
     from harness import runner
+    from harness.kernels.registry import get
+    from harness.runner import RunOptions, run_case
 
     sweep = load_sweep_module()
-    original = runner.reference_trace
+    original = (runner.reference_trace, runner.baseline_output)
+    cache = sweep.oracle_cache()
     p = Problem(family="retention", length=16, dtype="float32", **SHAPES["retention"])
-    with sweep.memoized_oracle() as stats:
-        a = runner.reference_trace(p, p.make_inputs())
-        b = runner.reference_trace(p.replace(tf32=True, chunk_size=4), p.make_inputs())
-        c = runner.reference_trace(p.replace(dtype="bfloat16"), p.replace(dtype="bfloat16").make_inputs())
-    assert a is b and c is not a and stats == {"hits": 1, "misses": 2}
-    assert runner.reference_trace is original
+    a = cache.traces(p, p.make_inputs(), runner.RETNET)
+    b = cache.traces(p.replace(tf32=True), p.make_inputs(), runner.RETNET)  # chunk_size stays in the key (gated bounds)
+    c = cache.traces(p.replace(dtype="bfloat16"), p.replace(dtype="bfloat16").make_inputs(), runner.RETNET)
+    assert a is b and c is not a and cache.stats == {"hits": 1, "misses": 2}
+    spec = get("intree.retention_recurrent")
+    options = RunOptions(oracle_cache=cache, isolation="in-process")
+    first, again = run_case(spec, p, options), run_case(spec, p, options)
+    assert first["verdict"] == again["verdict"] == "equivalent"
+    assert cache.stats == {"hits": 4, "misses": 3}  # the trace reused twice, the baseline computed once
+    assert (runner.reference_trace, runner.baseline_output) == original
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -404,7 +412,7 @@ def test_oracle_reads_device_inputs_back_to_the_cpu(device: str) -> None:
 
 
 def test_gpu_sweep_file() -> None:
-    """cases/sweeps/gpu.toml: every kernel is registered; without a GPU the sweep has no case at all."""
+    """harness/sweeps/gpu.toml: every kernel is registered; without a GPU the sweep has no case at all."""
     from harness.cases import load_sweep
 
     sweep = load_sweep("gpu")

@@ -79,3 +79,120 @@ def test_init_table_is_valid_toml_that_loads_back(tmp_path):
     (tmp_path / "pyproject.toml").write_text(text)
     assert tomllib.loads(text)["tool"]["harness"]["kernels"][0]["target"] == 'my "kernels".py:fn'
     assert load_project(tmp_path).kernels == (KernelEntry('my "kernels".py:fn', "retention"),)
+
+
+# ---------------------------------------------------------------- the project wired into the front doors
+def test_default_paths_follow_the_project_not_the_package(tmp_path, monkeypatch):
+    from harness import cases
+    from harness.cli import _default_run_dir
+
+    (tmp_path / "pyproject.toml").write_text('[tool.harness]\nruns = "out/runs"\n')
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    root = tmp_path.resolve()
+    assert _default_run_dir("check").parent == root / "out" / "runs"
+    assert cases.counterexamples_dir() == root / ".harness" / "counterexamples"
+    assert cases.counterexample_path("k", "linear_scan").parent == root / ".harness" / "counterexamples"
+
+
+def test_sweeps_ship_in_the_package_and_a_project_sweep_comes_first(tmp_path, monkeypatch):
+    from harness.cases import load_sweep, sweep_files
+
+    assert {"default", "gpu", "mamba_seed", "retnet_seed"} <= {p.stem for p in BUILTIN_SWEEPS.glob("*.toml")}
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "default.toml").write_text('kernels = ["intree.sequential_scan"]\n[grid]\nlength = [4]\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.harness]\nsweeps = ["sw"]\n')
+    monkeypatch.chdir(tmp_path)
+    found = {s.name: s for s in sweep_files()}
+    assert found["default"].origin == "project" and found["gpu"].origin == "built-in"
+    assert [len(g.kernels) for g in load_sweep("default").groups] == [1]  # the project's, not the built-in one
+
+
+def test_sweep_list_prints_one_line_per_sweep(tmp_path, monkeypatch, capsys):
+    from harness.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'k'\n")
+    assert main(["sweep", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    default = next(line for line in lines if line.startswith("default "))
+    assert "built-in" in default and "runnable here, of 502 in its grids" in default
+    assert len(lines) == len(list(BUILTIN_SWEEPS.glob("*.toml")))
+    assert main(["sweep"]) == 2 and "--list" in capsys.readouterr().err
+
+
+def test_check_without_kernel_needs_the_table(tmp_path, monkeypatch, capsys):
+    from harness.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'k'\n")
+    assert main(["check"]) == 2
+    assert "lists no [[tool.harness.kernels]]" in capsys.readouterr().err
+    assert not (tmp_path / ".harness").exists()
+
+
+def test_table_targets_are_relative_to_the_root(tmp_path):
+    from harness.project import kernel_target
+
+    (tmp_path / "pyproject.toml").write_text('[[tool.harness.kernels]]\ntarget = "k/scan.py:f"\n')
+    (tmp_path / "deep").mkdir()
+    project = load_project(tmp_path)
+    assert kernel_target(project.kernels[0], project, cwd=tmp_path / "deep") == "../k/scan.py:f"
+    assert kernel_target(KernelEntry("pkg.mod:f"), project, cwd=tmp_path / "deep") == "pkg.mod:f"
+
+
+# --------------------------------------------------------------------------------------- harness init
+def test_init_writes_the_table_and_the_workflow_and_never_clobbers(tmp_path, monkeypatch, capsys):
+    from harness.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'k'\n\n[tool.other]\nx = 1\n")
+    assert main(["init", "--kernel", "kern/scan.py:scan", "--family", "linear_scan"]) == 0
+    data = tomllib.loads((tmp_path / "pyproject.toml").read_text())
+    assert data["project"]["name"] == "k" and data["tool"]["other"] == {"x": 1}
+    assert data["tool"]["harness"]["kernels"] == [{"target": "kern/scan.py:scan", "family": "linear_scan"}]
+    workflow = (tmp_path / ".github" / "workflows" / "harness.yml").read_text()
+    assert "harness check --report-dir \"$RUN_DIR\"" in workflow and "harness gate \"$RUN_DIR\"" in workflow
+    assert "hashFiles('numerics/baseline/records*.jsonl')" in workflow  # the table's baseline
+    before = (tmp_path / "pyproject.toml").read_text()
+    assert main(["init", "--kernel", "other.py:f", "--family", "retention", "--no-workflow"]) == 2
+    assert "already has a [tool.harness] table" in capsys.readouterr().err
+    assert (tmp_path / "pyproject.toml").read_text() == before
+    assert main(["init", "--kernel", "other.py:f", "--family", "retention", "--force"]) == 0
+    data = tomllib.loads((tmp_path / "pyproject.toml").read_text())
+    assert data["tool"]["harness"]["kernels"] == [{"target": "other.py:f", "family": "retention"}]
+    assert data["tool"]["other"] == {"x": 1}
+
+
+def test_init_creates_a_missing_pyproject(tmp_path, monkeypatch):
+    from harness.scaffold import init_project
+
+    written = init_project(tmp_path, [KernelEntry("k.py:f", "linear_scan")], workflow=False)
+    assert written == [tmp_path.resolve() / "pyproject.toml"]
+    assert load_project(tmp_path).kernels == (KernelEntry("k.py:f", "linear_scan"),)
+    with pytest.raises(InvalidArgument, match="kernels=\\[\\]"):
+        init_project(tmp_path / "empty", [], workflow=True)
+
+
+def test_check_writes_its_run_and_counterexample_into_the_callers_project(tmp_path, monkeypatch, capsys):
+    """`harness check` from a project's subfolder, kernels from the table: the run goes under the table's
+    runs folder and the shrunk counterexample under .harness/counterexamples, nothing elsewhere."""
+    from harness.cli import main
+
+    (tmp_path / "kern").mkdir()
+    (tmp_path / "kern" / "scan.py").write_text(
+        "import torch\n\ndef scan(a, b):  # planted: forgets a\n    return torch.cumsum(b, -1)\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.harness]\nruns = "out"\n[[tool.harness.kernels]]\n'
+                                             'target = "kern/scan.py:scan"\nfamily = "linear_scan"\n')
+    (tmp_path / "docs").mkdir()
+    monkeypatch.chdir(tmp_path / "docs")
+    code = main(["check", "--max-examples", "5", "--dtypes", "float64", "--no-grad", "--in-process", "--profile", "dev"])
+    out = capsys.readouterr().out
+    assert code == 1 and "counterexample saved:" in out
+    root = tmp_path.resolve()
+    (run,) = (root / "out").iterdir()
+    assert run.name.startswith("check-") and (run / "records.jsonl").is_file()
+    (saved,) = (root / ".harness" / "counterexamples").glob("*.json")
+    assert "kern_scan.py_scan" in saved.name
+    assert {p.name for p in root.iterdir()} - {".hypothesis"} == {".harness", "docs", "kern", "out", "pyproject.toml"}
+    assert [p.name for p in (root / "docs").iterdir()] in ([], [".hypothesis"])

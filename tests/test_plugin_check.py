@@ -1,0 +1,57 @@
+"""The pytest route: the ``harness_check`` fixture checks a kernel inside a user's own test suite.
+
+An inner pytest session (pytester, in a temporary project) checks a correct and a wrong scan with the
+fixture: the correct one passes, the wrong one fails with the shrunk counterexample's message, and the
+counterexample lands in the temporary project's ``.harness/counterexamples/``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+KERNELS = '''
+import torch
+
+def scan(a, b):
+    h = torch.zeros_like(b[..., 0])
+    out = []
+    for t in range(b.shape[-1]):
+        h = a[..., t] * h + b[..., t]
+        out.append(h)
+    return torch.stack(out, -1)
+
+def scan_drops_last_input(a, b):  # planted bug: the last step forgets b
+    out = scan(a, b)
+    if b.shape[-1] > 1:
+        out[..., -1] = a[..., -1] * out[..., -2]
+    return out
+'''
+
+TESTS = '''
+from kernels import scan, scan_drops_last_input
+
+OPTIONS = dict(family="linear_scan", dtypes=("float32",), max_examples=8, max_length=16, grad=False,
+               profile="ci")
+
+def test_correct(harness_check):
+    result = harness_check(scan, **OPTIONS)
+    assert result.passed and result.records
+
+def test_wrong(harness_check):
+    harness_check(scan_drops_last_input, **OPTIONS)
+'''
+
+
+def test_the_fixture_passes_a_correct_kernel_and_fails_a_wrong_one_with_the_shrunk_case(pytester):
+    pytester.makepyprojecttoml("[project]\nname = 'user-kernels'\n")
+    pytester.makepyfile(kernels=KERNELS, test_user=TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "--harness-in-process", timeout=600)
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "DivergenceError" in out and "scan_drops_last_input" in out
+    assert "counterexample saved:" in out
+    assert "Classification: divergent (rule cond" in out  # the rule that fired, never an empty "(rule )"
+    saved = list((pytester.path / ".harness" / "counterexamples").glob("*.json"))
+    assert len(saved) == 1 and "scan_drops_last_input" in saved[0].name
