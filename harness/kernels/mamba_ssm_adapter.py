@@ -40,11 +40,12 @@ and fitting it here would need a family of its own (x (B, L, H, P), dt (B, L, H)
 from __future__ import annotations
 
 import importlib.machinery
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from harness.errors import KernelUnavailable
+from harness.kernels import triton_interpreter
 from harness.kernels.contract import (
     Capabilities,
     Family,
@@ -82,8 +83,9 @@ def _import(module: str, *, extension: str | None = None):
     return mod
 
 
-def _import_without_package_init(module: str, extension: str | None, failed: str):
-    if importlib.machinery.PathFinder.find_spec("mamba_ssm") is None:
+def _import_without_package_init(module: str, extension: str | None, failed: str,
+                                 path: Sequence[str] | None = None):
+    if importlib.machinery.PathFinder.find_spec("mamba_ssm", None if path is None else list(path)) is None:
         if torch.cuda.is_available():
             raise KernelUnavailable(failed)
         raise KernelUnavailable(f"{failed}; it would not run here anyway: mamba-ssm builds CUDA extensions at "
@@ -92,7 +94,7 @@ def _import_without_package_init(module: str, extension: str | None, failed: str
         raise KernelUnavailable(f"mamba-ssm is installed without its CUDA extension {extension!r} (a build with "
                                 f"MAMBA_SKIP_CUDA_BUILD=TRUE, such as `make device-bundle`'s); {module} needs it")
     try:
-        return import_skipping_init(module)
+        return import_skipping_init(module, path=path)
     except Exception as exc:  # noqa: BLE001 - any failure here is a reason, not a crash
         raise KernelUnavailable(f"{failed}; imported without the package's __init__ it failed too: "
                                 f"{type(exc).__name__}: {exc}") from None
@@ -110,8 +112,42 @@ def _load_selective_scan_fn() -> Callable:
     return mamba_ssm_selective_scan
 
 
+def import_triton_module(module: str, *, path: Sequence[str] | None = None):
+    """A mamba-ssm Triton module: compiled where CUDA is; on a machine without, interpreted and corrected.
+
+    Without CUDA the interpreter is turned on before the import (`triton_interpreter.enable_interpreter`),
+    the corrections are required (among them ``cuda_device_none_noop``: every mamba-ssm launcher enters
+    ``torch.cuda.device(x.device.index)``), and the module is imported without the package's ``__init__``
+    when that cannot import (the CUDA extension not built). Every ``@triton.jit`` kernel the module holds
+    must then be interpreted. ``path``: import mamba-ssm from these folders instead of ``sys.path`` (a
+    build kept apart, such as `make device-bundle`'s), always without the package's ``__init__``.
+    """
+    if not triton_interpreter.runs_interpreted():
+        if path is not None:
+            require_cuda()
+            return _import_without_package_init(module, None, "mamba-ssm imported from a folder", path)
+        return _import(module)
+    triton_interpreter.enable_interpreter(["mamba_ssm"])
+    require_module("triton")
+    triton_interpreter.require_corrections()
+    if path is not None:
+        mod = _import_without_package_init(module, None, f"mamba-ssm is not in {list(path)}", path)
+    else:
+        try:
+            mod = require_module(module, package=PACKAGE)
+        except KernelUnavailable as exc:
+            mod = _import_without_package_init(module, None, exc.reason)
+    triton_interpreter.require_interpreted("mamba_ssm")
+    compiled = triton_interpreter.compiled_kernels_of(mod)
+    if compiled:
+        raise KernelUnavailable(f"mamba-ssm's kernel {compiled[0]} was compiled for a GPU although the Triton "
+                                "interpreter is on; set TRITON_INTERPRET=1 before starting Python")
+    return mod
+
+
 def _load_selective_state_update() -> Callable:
-    return state_update_scan(_import("mamba_ssm.ops.triton.selective_state_update").selective_state_update)
+    mod = import_triton_module("mamba_ssm.ops.triton.selective_state_update")
+    return state_update_scan(mod.selective_state_update)
 
 
 def state_update_scan(fn: Callable) -> Callable:
@@ -152,6 +188,12 @@ def state_update_scan(fn: Callable) -> Callable:
     return mamba_ssm_state_update_scan
 
 
+def _triton_unsupported(reasons: dict[str, str]) -> dict[str, str]:
+    """``reasons`` plus ``"cpu"`` where the Triton kernels run compiled (CUDA present, interpreter off)."""
+    cpu = triton_interpreter.cpu_unavailable_reason()
+    return {**reasons, **({"cpu": cpu} if cpu else {})}
+
+
 KERNELS: list[KernelSpec] = [
     KernelSpec(
         name="mamba_ssm.selective_scan_fn",
@@ -175,14 +217,14 @@ KERNELS: list[KernelSpec] = [
         load=_load_selective_state_update,
         capabilities=Capabilities(
             dtypes=("float32", "float16", "bfloat16"),
-            devices=("cuda",),
+            devices=("cpu", "cuda"),
             autograd=False,
             matmuls=False,
-            unsupported={"cpu": "mamba-ssm's Triton kernels are launched under torch.cuda.device(...): CUDA only",
-                         "float64": "the kernel computes each step in float32 (x, dt, A, B, C, D, z loaded "
-                                    ".to(tl.float32))"},
+            unsupported=_triton_unsupported(
+                {"float64": "the kernel computes each step in float32 (x, dt, A, B, C, D, z loaded .to(tl.float32))"}),
+            slow=triton_interpreter.runs_interpreted(),
             notes="the Triton single-step kernel called once per step on a zero state in the input dtype; "
-                  "grouped B/C through the multi-head form (mamba-ssm >= 2)",
+                  "grouped B/C through the multi-head form (mamba-ssm >= 2); interpreted on a machine without CUDA",
         ),
         description="mamba_ssm selective_state_update (Triton), stepped over the sequence",
         source=PACKAGE,

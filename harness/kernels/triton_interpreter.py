@@ -51,6 +51,12 @@ Triton packages (``fla``, ``accelerated_scan.scalar``) run where there is no GPU
      are plain float32 products. The interpreter ignored the setting and always computed ``ieee``.
    - ``autotuner_pinned``: every ``Autotuner`` keeps only the first config its own pruning leaves (2. above),
      whichever package defined it, a user's own included.
+   - ``cuda_device_none_noop``: Triton launchers written for the GPU wrap their launch in
+     ``with torch.cuda.device(x.device.index):`` (every mamba-ssm kernel). On a torch built with CUDA, ``None``
+     there means "the current device" and nothing changes; on a torch built without CUDA the fallback
+     ``torch.cuda._exchange_device(None)`` compares ``None < 0`` and raises ``TypeError``. A ``None`` (or
+     negative) index is then "no device", the fallback's own answer for ``-1``. Applied only on a torch
+     without CUDA (where the fallback is what runs); a real index still raises as before.
 
    The layer is put in place wherever triton is imported under the harness: `install` (called by the CLI,
    the pytest session, `enable_interpreter` and the loading of a user's kernel) applies the corrections now
@@ -88,6 +94,7 @@ __all__ = [
     "enable_interpreter",
     "is_interpreted",
     "compiled_kernels",
+    "compiled_kernels_of",
     "require_interpreted",
     "pin_autotuner",
     "pin_autotuners",
@@ -210,18 +217,25 @@ def compiled_kernels(package: str) -> list[str]:
     Only plain ``JITFunction``s count: subclasses such as Gluon's ``GluonJITFunction`` (``fla.ops.attnres``)
     are never interpreted, whatever the variable says, and the adapters do not call them.
     """
-    from triton.runtime.jit import JITFunction
-
     found = []
     prefix = package + "."
     for name, module in list(sys.modules.items()):
         if module is None or not (name == package or name.startswith(prefix)):
             continue
-        for attr, value in list(vars(module).items()):
-            for obj in _wrapped_chain(value):
-                if type(obj) is JITFunction:  # an interpreted kernel is an InterpretedFunction instead
-                    found.append(f"{name}.{attr}")
-                    break
+        found.extend(compiled_kernels_of(module))
+    return found
+
+
+def compiled_kernels_of(module: Any) -> list[str]:
+    """`compiled_kernels` of one module object (also one imported outside ``sys.modules``), by qualified name."""
+    from triton.runtime.jit import JITFunction
+
+    found = []
+    for attr, value in list(vars(module).items()):
+        for obj in _wrapped_chain(value):
+            if type(obj) is JITFunction:  # an interpreted kernel is an InterpretedFunction instead
+                found.append(f"{module.__name__}.{attr}")
+                break
     return found
 
 
@@ -320,6 +334,8 @@ CORRECTIONS: tuple[Correction, ...] = (
     Correction("dot_float32_input_precision", "tl.dot on float32 honours input_precision: tf32 (the GPU default) "
                                               "drops the low 13 fraction bits of the operands, ieee does not"),
     Correction("autotuner_pinned", "every autotuner runs its first surviving config, without benchmarking"),
+    Correction("cuda_device_none_noop", "on a torch built without CUDA, torch.cuda.device(None) (a CPU tensor's "
+                                        "device index) is a no-op, as it is on a CUDA build"),
 )
 
 #: (correction, owner, attribute, original value) of every replacement in effect, in the order made
@@ -463,7 +479,8 @@ def apply_corrections(module: Any = None) -> list[str]:
     installers = {"loop_induction_int32": _install_loop_induction, "bfloat16_via_float32": _install_bfloat16,
                   "dot_low_precision_float32_acc": _install_low_precision_dot,
                   "dot_float32_input_precision": _install_float32_dot,
-                  "autotuner_pinned": lambda _module: _install_autotuner_pin()}
+                  "autotuner_pinned": lambda _module: _install_autotuner_pin(),
+                  "cuda_device_none_noop": lambda _module: _install_cuda_device_none_noop()}
     active = set(active_corrections())
     for correction in CORRECTIONS:
         if correction.name in active:
@@ -815,3 +832,19 @@ def _install_autotuner_pin() -> None:
         return list(original(self, kwargs))[:1]
 
     _set(Autotuner, "prune_configs", prune_configs)
+
+
+# -- cuda_device_none_noop
+def _install_cuda_device_none_noop() -> None:
+    if hasattr(torch._C, "_cuda_exchangeDevice"):  # a CUDA build: torch.cuda.device(None) already works
+        return
+    for attr in ("_exchange_device", "_maybe_exchange_device"):
+        original = getattr(torch.cuda, attr)
+
+        def no_device_is_noop(device, _original=original):
+            """``None`` or a negative index: no CUDA device to switch to, so nothing to do (returns -1)."""
+            if device is None or device < 0:
+                return -1
+            return _original(device)
+
+        _set(torch.cuda, attr, no_device_is_noop)
