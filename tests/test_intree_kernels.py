@@ -221,8 +221,10 @@ def test_kernel_names_and_families():
 
 
 def test_baselines_cover_every_family():
-    assert set(sequential.BASELINES) == set(Family)
-    for family in Family:
+    # The gated families (issue 14) get their baselines with their wiring; every other family has one.
+    gated = {Family.SIMPLE_GLA, Family.GLA, Family.SSD}
+    assert set(Family) - gated <= set(sequential.BASELINES) <= set(Family)
+    for family in sequential.BASELINES:
         assert sequential.baseline_for(family).family is family
         assert sequential.baseline_for(family.value) is sequential.BASELINES[family]
     with pytest.raises(InvalidArgument):

@@ -1,4 +1,4 @@
-"""The kernel contract: the four families, their call signatures, and what an adapter declares.
+"""The kernel contract: the kernel families, their call signatures, and what an adapter declares.
 
 A kernel belongs to one `Family` and is a callable with that family's signature. The harness hands it
 tensors in the case's dtype on the case's device and expects the documented output shape back:
@@ -11,6 +11,14 @@ tensors in the case's dtype on the case's device and expects the documented outp
 - ``retention``: ``fn(q, k, v) -> o``; q, k (batch, L, heads, dk), v (batch, L, heads, dv); per-head decay
   ``gamma_h = 1 - 2**(-5 - h)`` and scale ``dk**-0.5`` unless the spec declares another convention.
 - ``retention_normed``: ``fn(q, k, v, eps) -> o``: the same followed by the per-head RMS group norm.
+- ``simple_gla``: ``fn(q, k, v, g, scale=None, initial_state=None, output_final_state=False) -> (o, final_state)``
+  in fla's layout: q, k (batch, T, heads, K), v (batch, T, heads, V), g (batch, T, heads) the log-decay;
+  ``S_t = exp(g_t) S_{t-1} + k_t^T v_t``, ``o_t = scale * q_t S_t``, ``S_{-1} = initial_state or 0``,
+  scale ``K**-0.5`` by default; ``cu_seqlens=`` for kernels that declare variable-length batches.
+- ``gla``: the same with g (batch, T, heads, K): ``S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t``.
+- ``ssd``: Mamba-2's ``fn(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
+  initial_states=None, seq_idx=None) -> y`` in mamba-ssm's layout (``mamba_chunk_scan_combined``).
+  The oracles are in ``reference_impls.gated_decay``.
 
 Kernels that take a chunk size accept ``chunk_size=`` as a keyword; the harness draws it.
 
@@ -38,12 +46,15 @@ from harness.errors import InvalidArgument, KernelUnavailable
 
 
 class Family(str, enum.Enum):
-    """The four kernel families; the value is the name used on the command line and in records."""
+    """The kernel families; the value is the name used on the command line and in records."""
 
     LINEAR_SCAN = "linear_scan"
     SELECTIVE_SCAN = "selective_scan"
     RETENTION = "retention"
     RETENTION_NORMED = "retention_normed"
+    SIMPLE_GLA = "simple_gla"
+    GLA = "gla"
+    SSD = "ssd"
 
     @classmethod
     def parse(cls, value: "str | Family") -> "Family":
@@ -57,7 +68,7 @@ class Family(str, enum.Enum):
 
     @property
     def output_name(self) -> str:
-        return {"linear_scan": "h", "selective_scan": "y"}.get(self.value, "o")
+        return {"linear_scan": "h", "selective_scan": "y", "ssd": "y"}.get(self.value, "o")
 
 
 class Lengths(str, enum.Enum):
