@@ -246,4 +246,169 @@ def _spec(entry: _Entry, *, ieee: bool = False) -> KernelSpec:
     )
 
 
-KERNELS: list[KernelSpec] = [_spec(e) for e in _ENTRIES] + [_spec(e, ieee=True) for e in _ENTRIES if e.dots]
+# ------------------------------------------------------------------------------------ gated families
+_NAIVE_FLOAT32 = ("fla's naive reference computes in float32 (its inputs .float()), so float64 is not a precision "
+                  "it offers")
+
+
+@dataclass(frozen=True)
+class _GatedEntry:
+    """One fla entry point driven as a gated family (``simple_gla`` or ``gla``), in fla's own layout.
+
+    ``gate``: the keyword fla names the log-decay (``g``; ``gk`` for the recurrent gla forms). The other
+    flags say which parts of the contract the entry point takes: ``scale``, ``initial_state``,
+    ``output_final_state`` (``final_state``), ``cu_seqlens`` (``varlen``), ``chunk_size`` (``chunked``).
+    ``triton``: a Triton kernel (interpreted on the CPU) rather than fla's pure-PyTorch reference. The
+    initial state is handed over in float32, fla's state dtype (``chunk_gla`` asserts it).
+    """
+
+    name: str
+    family: Family
+    module: str
+    attr: str
+    gate: str = "g"
+    triton: bool = True
+    dots: bool = True
+    chunked: bool = False
+    scale: bool = True
+    initial_state: bool = True
+    final_state: bool = True
+    varlen: bool = True
+    notes: str = ""
+
+    def load(self, precision: str | None = None) -> Callable:
+        module = import_fla(self.module)  # the references too: importing fla decorates all its kernels
+        fn = getattr(module, self.attr)
+        entry = self
+        suffix = "" if precision is None else f".{precision}"
+        name = f"fla.{self.name}{suffix}"
+
+        def fla_gated(q, k, v, g, scale=None, initial_state=None, output_final_state=False, **kwargs):
+            kw = entry.arguments(q, g, scale, initial_state, output_final_state, kwargs)
+            q, k, v, g = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v, g))
+            with triton_interpreter.dot_input_precision(precision):
+                o, final = fn(q=q, k=k, v=v, **{entry.gate: g}, **kw)[:2]
+            return o.to(q.dtype), (final if output_final_state else None)
+
+        fla_gated.__name__ = self.attr
+        if self.triton:
+            def probe(q, k, v):
+                g = torch.full(q.shape[:3] if self.family is Family.SIMPLE_GLA else q.shape, -0.1, device=q.device)
+                return fla_gated(q, k, v, g, **({"chunk_size": 16} if self.chunked else {}))[0]
+            _probe(name, probe)
+        return fla_gated
+
+    def arguments(self, q, g, scale, initial_state, output_final_state, extra: dict) -> dict:
+        """fla's keyword arguments for one call; a part of the contract the entry point lacks is refused."""
+        from harness.errors import InvalidArgument
+
+        unknown = sorted(set(extra) - {"chunk_size", "cu_seqlens"})
+        if unknown:
+            raise InvalidArgument(f"fla.{self.name} got unexpected keyword arguments {unknown}; expected chunk_size "
+                                  "(chunked kernels) or cu_seqlens (variable-length kernels)")
+        kw: dict = {}
+        default_scale = q.shape[-1] ** -0.5
+        if self.scale:
+            kw["scale"] = scale
+        elif scale is not None and scale != default_scale:
+            raise InvalidArgument(f"scale={scale!r}: fla.{self.name} always scales by K**-0.5 = {default_scale!r}; "
+                                  "pass scale=None")
+        for flag, value, what in (("initial_state", initial_state is not None, "initial_state"),
+                                  ("final_state", bool(output_final_state), "output_final_state=True"),
+                                  ("varlen", extra.get("cu_seqlens") is not None, "cu_seqlens")):
+            if value and not getattr(self, flag):
+                raise InvalidArgument(f"{what} was given, but fla.{self.name} does not take it (declared "
+                                      f"{flag}=False)")
+        if initial_state is not None:
+            # fla keeps its states in float32 (chunk_gla asserts it, naive_chunk's matmul needs it): exact from
+            # float32, float16 and bfloat16
+            kw["initial_state"] = initial_state.to(torch.float32).clone(memory_format=torch.contiguous_format)
+        if self.final_state:
+            kw["output_final_state"] = bool(output_final_state)
+        if extra.get("cu_seqlens") is not None:
+            kw["cu_seqlens"] = extra["cu_seqlens"].to(device=q.device, dtype=torch.long)
+        if self.chunked and extra.get("chunk_size") is not None:
+            kw["chunk_size"] = int(extra["chunk_size"])
+        return kw
+
+
+_GATED: tuple[_GatedEntry, ...] = (
+    _GatedEntry("simple_gla.naive_recurrent", Family.SIMPLE_GLA, "fla.ops.simple_gla.naive",
+                "naive_recurrent_simple_gla", triton=False, dots=False, varlen=False,
+                notes="fla's pure-PyTorch recurrent reference: a loop over t in float32"),
+    _GatedEntry("simple_gla.naive_chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla.naive", "naive_chunk_simple_gla",
+                triton=False, chunked=True, varlen=False,
+                notes="fla's pure-PyTorch chunk reference (exp of differences of within-chunk cumulative sums), "
+                      "float32"),
+    _GatedEntry("simple_gla.chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla", "chunk_simple_gla", chunked=True,
+                notes="Triton chunk form: chunk-local cumulative sums of g, exp2 of their differences"),
+    _GatedEntry("simple_gla.fused_chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla", "fused_chunk_simple_gla",
+                notes="Triton fused chunk form (fla.ops.common.fused_chunk)"),
+    _GatedEntry("simple_gla.fused_recurrent", Family.SIMPLE_GLA, "fla.ops.simple_gla", "fused_recurrent_simple_gla",
+                dots=False, notes="Triton recurrent form: one program per (batch, head, K/V block), loop over t"),
+    _GatedEntry("simple_gla.parallel", Family.SIMPLE_GLA, "fla.ops.simple_gla", "parallel_simple_gla",
+                initial_state=False, final_state=False,
+                notes="Triton parallel (attention-like) form; takes no initial state and returns no final state"),
+    _GatedEntry("gla.naive_recurrent", Family.GLA, "fla.ops.gla.naive", "naive_recurrent_gla", gate="gk",
+                triton=False, dots=False, scale=False, varlen=False,
+                notes="fla's pure-PyTorch recurrent reference in float32; always scales by K**-0.5"),
+    _GatedEntry("gla.chunk", Family.GLA, "fla.ops.gla", "chunk_gla",
+                notes="Triton chunk form (chunk size fixed at 64 by chunk_gla)"),
+    _GatedEntry("gla.fused_chunk", Family.GLA, "fla.ops.gla", "fused_chunk_gla",
+                notes="deprecated in fla 0.6.0 (raises NotImplementedError)"),
+    _GatedEntry("gla.fused_recurrent", Family.GLA, "fla.ops.gla", "fused_recurrent_gla", gate="gk", dots=False,
+                notes="Triton recurrent form, per-key-channel gate gk; loop over t"),
+)
+
+
+def _gated_caps(entry: _GatedEntry, *, ieee: bool = False) -> Capabilities:
+    unsupported = {"float64": _FLOAT64 if entry.triton else _NAIVE_FLOAT32}
+    cpu = triton_interpreter.cpu_unavailable_reason() if entry.triton else None
+    if cpu:
+        unsupported["cpu"] = cpu
+    computes_in: dict[str, str] = {}
+    notes = entry.notes
+    if entry.triton and entry.dots and not ieee:
+        computes_in["float32"] = "tf32_rz"
+        notes = f"{notes}; float32: {_TF32}"
+    if ieee:
+        notes = f"{notes}; float32 tl.dot run with input_precision ieee (TRITON_F32_DEFAULT=ieee)"
+    return Capabilities(
+        dtypes=("float32",) if ieee else ("float32", "float16", "bfloat16"),
+        chunk_sizes=_CHUNK_SIZES if entry.chunked else None,
+        head_dims=_DOT_HEAD_DIMS if entry.triton and entry.dots else None,
+        autograd=True,
+        unsupported=unsupported,
+        slow=entry.triton and triton_interpreter.runs_interpreted(),
+        computes_in=computes_in,
+        notes=notes,
+        **_contract_flags(entry),
+    )
+
+
+def _contract_flags(entry: _GatedEntry) -> dict[str, bool]:
+    """The entry's ``initial_state``/``final_state``/``varlen`` declarations, for the `Capabilities` fields of
+    those names (issue 14's contract); the adapter refuses an undeclared part of the contract either way."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(Capabilities)}
+    return {flag: getattr(entry, flag) for flag in ("initial_state", "final_state", "varlen") if flag in fields}
+
+
+def _gated_spec(entry: _GatedEntry, *, ieee: bool = False) -> KernelSpec:
+    precision = "ieee" if ieee else None
+    kind = "Triton" if entry.triton else "PyTorch reference"
+    return KernelSpec(
+        name=f"fla.{entry.name}" + (".ieee" if ieee else ""),
+        family=entry.family,
+        load=functools.partial(entry.load, precision),
+        capabilities=_gated_caps(entry, ieee=ieee),
+        description=f"{entry.module}.{entry.attr} ({kind})" + (" with float32 dots in ieee" if ieee else ""),
+        source=PACKAGE,
+    )
+
+
+KERNELS: list[KernelSpec] = (
+    [_spec(e) for e in _ENTRIES] + [_spec(e, ieee=True) for e in _ENTRIES if e.dots]
+    + [_gated_spec(e) for e in _GATED] + [_gated_spec(e, ieee=True) for e in _GATED if e.triton and e.dots]
+)

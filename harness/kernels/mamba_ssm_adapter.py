@@ -39,15 +39,18 @@ and fitting it here would need a family of its own (x (B, L, H, P), dt (B, L, H)
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 from typing import Callable, Sequence
 
 import torch
 
-from harness.errors import KernelUnavailable
+from harness.errors import InvalidArgument, KernelUnavailable
 from harness.kernels import triton_interpreter
 from harness.kernels.contract import (
+    ALL_DTYPES,
     Capabilities,
+    Lengths,
     Family,
     KernelSpec,
     import_skipping_init,
@@ -150,6 +153,65 @@ def _load_selective_state_update() -> Callable:
     return state_update_scan(mod.selective_state_update)
 
 
+def _load_chunk_scan_combined(precision: str | None = None) -> Callable:
+    fn = import_triton_module("mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
+
+    def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                  initial_states=None, seq_idx=None, return_final_states=False):
+        x, dt, A, B, C, D, z, dt_bias, initial_states = (
+            _copy(t) for t in (x, dt, A, B, C, D, z, dt_bias, initial_states))
+        seq_idx = None if seq_idx is None else _copy(seq_idx, torch.int32)  # mamba-ssm's dtype; exact
+        with triton_interpreter.dot_input_precision(precision):
+            out = fn(x, dt, A, B, C, int(chunk_size), D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                     seq_idx=seq_idx, dt_softplus=bool(dt_softplus), return_final_states=bool(return_final_states))
+        return out
+
+    return mamba_chunk_scan_combined
+
+
+def _load_chunk_scan_combined_ref() -> Callable:
+    fn = import_triton_module("mamba_ssm.ops.triton.ssd_combined").ssd_chunk_scan_combined_ref
+
+    def ssd_chunk_scan_combined_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                    **unsupported):
+        _refuse(unsupported, "mamba_ssm.ssd_chunk_scan_combined_ref")
+        x, dt, A, B, C, D, z, dt_bias = (_copy(t) for t in (x, dt, A, B, C, D, z, dt_bias))
+        return fn(x, dt, A, B, C, int(chunk_size), D=D, z=z, dt_bias=dt_bias, dt_softplus=bool(dt_softplus))
+
+    return ssd_chunk_scan_combined_ref
+
+
+def _load_ssd_minimal() -> Callable:
+    fn = import_triton_module("mamba_ssm.modules.ssd_minimal").ssd_minimal_discrete
+
+    def ssd_minimal_discrete(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
+                             initial_states=None, return_final_states=False, **unsupported):
+        _refuse(unsupported, "mamba_ssm.ssd_minimal_discrete")
+        for name, value in (("D", D), ("z", z), ("dt_bias", dt_bias)):
+            if value is not None:
+                raise InvalidArgument(f"{name} was given, but ssd_minimal_discrete takes none (declared "
+                                      "selective_options=False)")
+        if dt_softplus:
+            raise InvalidArgument("dt_softplus=True, but ssd_minimal_discrete takes the discretized inputs (declared "
+                                  "selective_options=False)")
+        heads, groups = x.shape[2], B.shape[2]
+        # its inputs are the discretized X = x dt and A dt, B and C per head: formed here in the input dtype
+        X = x * dt[..., None]
+        A_dt = dt * A.to(dt.dtype)
+        Bh, Ch = (t.repeat_interleave(heads // groups, dim=2) for t in (B, C))
+        h0 = None if initial_states is None else _copy(initial_states)[:, None]
+        y, final = fn(X, A_dt, Bh.contiguous(), Ch.contiguous(), int(chunk_size), initial_states=h0)
+        return (y, final) if return_final_states else y
+
+    return ssd_minimal_discrete
+
+
+def _refuse(unsupported: dict, name: str) -> None:
+    given = sorted(k for k, v in unsupported.items() if v is not None and v is not False)
+    if given:
+        raise InvalidArgument(f"{name} does not take {given} (declared in its capabilities); leave them unset")
+
+
 def state_update_scan(fn: Callable) -> Callable:
     """The selective_scan contract from mamba-ssm's single-step ``selective_state_update`` ``fn``.
 
@@ -194,6 +256,46 @@ def _triton_unsupported(reasons: dict[str, str]) -> dict[str, str]:
     return {**reasons, **({"cpu": cpu} if cpu else {})}
 
 
+_SSD_FLOAT64 = ("mamba-ssm's SSD kernels compute in float32 (dt, its cumulative sums and the states in float32, "
+                "the rest loaded .to(tl.float32))")
+_SSD_TF32 = ("mamba-ssm's float32 tl.dot calls name no input_precision, so they run in TF32 on sm_80+ GPUs (and in "
+             "the corrected interpreter): held to truncated TF32's rounding")
+
+
+def _chunk_scan_spec(precision: str | None) -> KernelSpec:
+    ieee = precision == "ieee"
+    return KernelSpec(
+        name="mamba_ssm.mamba_chunk_scan_combined" + (".ieee" if ieee else ""),
+        family=Family.SSD,
+        load=functools.partial(_load_chunk_scan_combined, precision),
+        capabilities=Capabilities(
+            dtypes=("float32",) if ieee else ("float32", "float16", "bfloat16"),
+            devices=("cpu", "cuda"),
+            chunk_sizes=(16, 32, 64),
+            autograd=True,
+            unsupported=_triton_unsupported({"float64": _SSD_FLOAT64}),
+            slow=triton_interpreter.runs_interpreted(),
+            computes_in={} if ieee else {"float32": "tf32_rz"},
+            notes="Mamba-2's SSD, Triton forward and backward (mamba_ssm.ops.triton.ssd_combined); "
+                  + ("float32 tl.dot run with input_precision ieee (TRITON_F32_DEFAULT=ieee)" if ieee else
+                     f"float32: {_SSD_TF32}"),
+            **_contract_flags(initial_state=True, final_state=True, varlen=True),
+        ),
+        description="mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined (Triton)"
+                    + (" with float32 dots in ieee" if ieee else ""),
+        source=PACKAGE,
+    )
+
+
+def _contract_flags(**flags: bool) -> dict[str, bool]:
+    """The ``initial_state``/``final_state``/``varlen`` declarations, for the `Capabilities` fields of those names
+    (issue 14's contract); the adapters refuse an undeclared part of the contract either way."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(Capabilities)}
+    return {k: v for k, v in flags.items() if k in fields}
+
+
 KERNELS: list[KernelSpec] = [
     KernelSpec(
         name="mamba_ssm.selective_scan_fn",
@@ -227,6 +329,47 @@ KERNELS: list[KernelSpec] = [
                   "grouped B/C through the multi-head form (mamba-ssm >= 2); interpreted on a machine without CUDA",
         ),
         description="mamba_ssm selective_state_update (Triton), stepped over the sequence",
+        source=PACKAGE,
+    ),
+    _chunk_scan_spec(None),
+    _chunk_scan_spec("ieee"),
+    KernelSpec(
+        name="mamba_ssm.ssd_chunk_scan_combined_ref",
+        family=Family.SSD,
+        load=_load_chunk_scan_combined_ref,
+        capabilities=Capabilities(
+            dtypes=("float32", "float16", "bfloat16"),
+            devices=("cpu", "cuda"),
+            chunk_sizes=(),
+            lengths=Lengths.CHUNK_MULTIPLE,
+            autograd=True,
+            unsupported={"float64": "the reference casts dt to float32 (dt.float()) before its cumulative sums"},
+            notes="mamba-ssm's pure-PyTorch SSD reference (chunk_state_ref, state_passing_ref, chunk_scan_ref); "
+                  "takes no initial states, seq_idx or final states; lengths a multiple of the chunk (chunk_scan_ref "
+                  "asserts it)",
+            **_contract_flags(initial_state=False, final_state=False, varlen=False),
+        ),
+        description="mamba_ssm.ops.triton.ssd_combined.ssd_chunk_scan_combined_ref (PyTorch)",
+        source=PACKAGE,
+    ),
+    KernelSpec(
+        name="mamba_ssm.ssd_minimal_discrete",
+        family=Family.SSD,
+        load=_load_ssd_minimal,
+        capabilities=Capabilities(
+            dtypes=ALL_DTYPES,
+            devices=("cpu", "cuda"),
+            chunk_sizes=(),
+            lengths=Lengths.CHUNK_MULTIPLE,
+            autograd=True,
+            selective_options=False,
+            notes="Listing 1 of the Mamba-2 paper (mamba_ssm.modules.ssd_minimal), pure PyTorch in the input dtype; "
+                  "takes the discretized X = x dt and A dt (formed by the adapter in the input dtype), B and C per "
+                  "head (groups repeated), lengths a multiple of the chunk; no D, z, dt_bias, softplus or seq_idx; "
+                  "and no dt_limit: a negative dt is used as given, where mamba_chunk_scan_combined clamps it to 0",
+            **_contract_flags(initial_state=True, final_state=True, varlen=False),
+        ),
+        description="mamba_ssm.modules.ssd_minimal.ssd_minimal_discrete (PyTorch)",
         source=PACKAGE,
     ),
 ]
