@@ -92,6 +92,54 @@ def _out(result) -> torch.Tensor:
     return getattr(result, "out", result)
 
 
+GATED = (Family.SIMPLE_GLA, Family.GLA, Family.SSD)
+
+
+def declares(spec: KernelSpec, part: str) -> bool:
+    """Whether ``spec`` takes ``part`` of the gated contract (``initial_state``, ``final_state``, ``varlen``)."""
+    return bool(getattr(spec.capabilities, part, False))
+
+
+def loop_gated(q, k, v, g, scale, h0=None, segments=None):
+    """The gated recurrence written out of place in float64 (autograd can differentiate it): per step
+    ``S = exp(g) S + k^T v``, ``o = scale q S``, g (batch, T, heads, K or 1); the state restarts from zero at
+    each start in ``segments`` (a list of (start, stop)). Returns (o, final state)."""
+    batch, length, heads, dk = q.shape
+    state = torch.zeros(batch, heads, dk, v.shape[-1], dtype=F64) if h0 is None else h0.to(F64)
+    starts = {a for a, _ in segments or []} - {0}
+    outs = []
+    for t in range(length):
+        if t in starts:
+            state = torch.zeros_like(state)
+        state = torch.exp(g[:, t]).unsqueeze(-1) * state + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)
+        outs.append(scale * (q[:, t].unsqueeze(-1) * state).sum(-2))
+    return torch.stack(outs, dim=1), state
+
+
+def loop_ssd(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, initial_states=None, seq_idx=None):
+    """Mamba-2's SSD through `loop_gated` (g = dt A, k = B, v = dt x, q = C, scale 1; dt clamped at 0, as
+    mamba-ssm's default dt_limit), then ``+ D x`` and ``* silu(z)``. Returns (y, final states)."""
+    heads, groups = x.shape[2], B.shape[2]
+    dt = dt if dt_bias is None else dt + dt_bias
+    dt = (F.softplus(dt) if dt_softplus else dt).clamp(min=0)
+    rep = heads // groups
+    segments = None
+    if seq_idx is not None:
+        ids = seq_idx[0].tolist()
+        cuts = [t for t in range(1, len(ids)) if ids[t] != ids[t - 1]]
+        segments = list(zip([0] + cuts, cuts + [len(ids)]))
+    h0 = None if initial_states is None else initial_states.transpose(-1, -2)
+    y, state = loop_gated(C.repeat_interleave(rep, 2), B.repeat_interleave(rep, 2), dt.unsqueeze(-1) * x,
+                          (dt * A).unsqueeze(-1), 1.0, h0, segments)
+    if D is not None:
+        y = y + x * (D[:, None] if D.dim() == 1 else D)
+    if z is not None:
+        y = y * F.silu(z)
+    return y, state.transpose(-1, -2)
+
+
+ORACLE_GATED = {Family.SIMPLE_GLA: _oracle("gated_decay", "simple_gla"), Family.GLA: _oracle("gated_decay", "gla")}
+ORACLE_SSD = _oracle("gated_decay", "ssd")
 ORACLE_SCAN = _oracle("linear_recurrence", "linear_recurrence")
 ORACLE_SELECTIVE = _oracle("selective_scan", "selective_scan")
 ORACLE_RETENTION = _oracle("retention", "retention")
@@ -103,6 +151,8 @@ def definition(spec: KernelSpec, inputs: dict, eps: float | None = None, *, loop
     before the oracles exist) the loops above, which autograd can differentiate."""
     x = {k: v.to(F64) for k, v in inputs.items()}
     fam = spec.family
+    if fam in GATED:
+        return gated_definition(spec, x, loops=loops)
     if fam is Family.LINEAR_SCAN:
         oracle = None if loops else ORACLE_SCAN
         return _out(oracle(x["a"], x["b"])) if oracle else loop_linear_scan(x["a"], x["b"])
@@ -121,6 +171,33 @@ def definition(spec: KernelSpec, inputs: dict, eps: float | None = None, *, loop
     if ORACLE_RETENTION and not loops:
         return _out(ORACLE_RETENTION(x["q"], x["k"], x["v"], gamma=gamma, scale=scale))
     return loop_retention(x["q"], x["k"], x["v"], gamma, scale)
+
+
+def gated_definition(spec: KernelSpec, x: dict, *, loops: bool = False, kwargs: dict | None = None) -> list:
+    """[output, final state when asked] of a gated-family case in float64: the oracle (`reference_impls.
+    gated_decay`), or with ``loops=True`` the differentiable loops above."""
+    kwargs = kwargs if kwargs is not None else {}
+    final = declares(spec, "final_state")
+    if spec.family is Family.SSD:
+        opts = {k: x[k] for k in ("D", "z", "dt_bias", "initial_states") if k in x}
+        opts.update(dt_softplus=SSD_SOFTPLUS if spec.capabilities.selective_options else False,
+                    seq_idx=kwargs.get("seq_idx"))
+        args = (x["x"], x["dt"], x["A"], x["B"], x["C"])
+        if loops or ORACLE_SSD is None:
+            y, state = loop_ssd(*args, **opts)
+        else:
+            y, state = ORACLE_SSD(*args, **opts, return_final_states=True)
+        return [y, state] if final else [y]
+    h0 = x.get("initial_state")
+    g = x["g"] if spec.family is Family.GLA else x["g"].unsqueeze(-1)
+    if loops or ORACLE_GATED[spec.family] is None:
+        o, state = loop_gated(x["q"], x["k"], x["v"], g, x["q"].shape[-1] ** -0.5, h0)
+    else:
+        o, state = ORACLE_GATED[spec.family](x["q"], x["k"], x["v"], x["g"], initial_state=h0, output_final_state=True)
+    return [o, state] if final else [o]
+
+
+SSD_SOFTPLUS = True  # the ssd cases with dt_bias and softplus (kernels that take them) use them
 
 
 # --------------------------------------------------------------------------- small cases
@@ -156,7 +233,29 @@ def make_case(spec: KernelSpec, dtype: str, seed: int = 0) -> tuple[dict, dict]:
     def rand(*shape):
         return torch.rand(*shape, generator=gen, dtype=F64)
 
-    length, chunk = _length(spec, preferred=13 if fam in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN) else 12)
+    length, chunk = _length(spec, preferred=13 if fam in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN) else
+                            20 if fam in GATED else 12)
+    if fam is Family.SSD:
+        heads, groups = 4, 2
+        inputs = {"x": randn(1, length, heads, 4), "dt": 0.05 + 0.5 * rand(1, length, heads),
+                  "A": -(0.2 + rand(heads)), "B": randn(1, length, groups, 4), "C": randn(1, length, groups, 4)}
+        kwargs = {} if chunk is None else {"chunk_size": chunk}
+        if spec.capabilities.selective_options:
+            inputs.update(dt=randn(1, length, heads), D=randn(heads), z=randn(1, length, heads, 4),
+                          dt_bias=0.5 * randn(heads))
+        if declares(spec, "initial_state"):
+            inputs["initial_states"] = randn(1, heads, 4, 4)
+        if declares(spec, "varlen"):
+            kwargs["seq_idx"] = (torch.arange(length) >= length // 2).long().unsqueeze(0)
+        return {k: v.to(dt) for k, v in inputs.items()}, kwargs
+    if fam in (Family.SIMPLE_GLA, Family.GLA):
+        hd = spec.capabilities.head_dims[0] if spec.capabilities.head_dims else 8
+        g_shape = (2, length, 2) if fam is Family.SIMPLE_GLA else (2, length, 2, hd)
+        inputs = {"q": randn(2, length, 2, hd), "k": randn(2, length, 2, hd), "v": randn(2, length, 2, hd),
+                  "g": -rand(*g_shape)}
+        if declares(spec, "initial_state"):
+            inputs["initial_state"] = randn(2, 2, hd, hd)
+        return {k: v.to(dt) for k, v in inputs.items()}, ({} if chunk is None else {"chunk_size": chunk})
     if fam is Family.LINEAR_SCAN:
         a = (0.5 + 0.5 * rand(2, 3, length)) * torch.where(rand(2, 3, length) < 0.2, -1.0, 1.0)
         inputs = {"a": a, "b": randn(2, 3, length)}
@@ -172,10 +271,30 @@ def make_case(spec: KernelSpec, dtype: str, seed: int = 0) -> tuple[dict, dict]:
 
 
 def call(spec: KernelSpec, fn, inputs: dict, kwargs: dict, eps: float | None):
+    """The kernel's output; for the gated families a list [output, final state when declared]."""
+    if spec.family in GATED:
+        return call_gated(spec, fn, inputs, kwargs)
     args = tuple(inputs.values())
     if spec.family is Family.RETENTION_NORMED:
         args = args + (eps,)
     return fn(*args, **kwargs)
+
+
+def call_gated(spec: KernelSpec, fn, inputs: dict, kwargs: dict) -> list:
+    final = declares(spec, "final_state")
+    if spec.family is Family.SSD:
+        kw = dict(kwargs)
+        chunk = kw.pop("chunk_size", 16)
+        opts = {k: inputs[k] for k in ("D", "z", "dt_bias", "initial_states") if k in inputs}
+        if spec.capabilities.selective_options:
+            opts["dt_softplus"] = SSD_SOFTPLUS
+        out = fn(inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"], chunk, **opts, **kw,
+                 **({"return_final_states": True} if final else {}))
+        return list(out) if final else [out]
+    o, state = fn(inputs["q"], inputs["k"], inputs["v"], inputs["g"], initial_state=inputs.get("initial_state"),
+                  output_final_state=final, **kwargs)
+    assert (state is None) is not final, f"{spec.name}: final state {'missing' if final else 'returned unasked'}"
+    return [o, state] if final else [o]
 
 
 def normwise_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -211,15 +330,18 @@ def test_kernel_matches_float64_definition(name: str, dtype: str) -> None:
     eps = 0.0 if spec.family is Family.RETENTION_NORMED else None  # eps > 0: the forms differ by design
     with torch.no_grad():
         out = call(spec, fn, inputs, kwargs, eps)
-    expected = definition(spec, inputs, eps)
+    expected = definition(spec, inputs, eps) if spec.family not in GATED else \
+        gated_definition(spec, {k: v.to(F64) for k, v in inputs.items()}, kwargs=kwargs)
     for k, v in inputs.items():
         assert torch.equal(v, before[k]), f"{name} wrote to its input {k!r}"
-    assert isinstance(out, torch.Tensor)
-    assert tuple(out.shape) == tuple(expected.shape), f"{name} returned shape {tuple(out.shape)}"
-    assert out.dtype == DTYPE_NAMES[dtype], f"{name} returned {out.dtype} for {dtype} inputs"
+    outs, refs = (out, expected) if spec.family in GATED else ([out], [expected])
     rtol = tolerance(name, dtype)
-    err = normwise_error(out, expected)
-    assert err <= rtol, f"{name} {dtype}: normwise error {err:.3g} > {rtol:g}"
+    for what, got, ref in zip(("output", "final state"), outs, refs):
+        assert isinstance(got, torch.Tensor), f"{name}: {what} is {type(got).__name__}"
+        assert tuple(got.shape) == tuple(ref.shape), f"{name} returned {what} of shape {tuple(got.shape)}"
+        err = normwise_error(got, ref)
+        assert err <= rtol, f"{name} {dtype}: {what} normwise error {err:.3g} > {rtol:g}"
+    assert outs[0].dtype == DTYPE_NAMES[dtype], f"{name} returned {outs[0].dtype} for {dtype} inputs"
 
 
 def _declared_limits() -> list[tuple[str, str]]:
@@ -246,7 +368,12 @@ def test_declared_limitation_still_holds(name: str, dtype: str) -> None:
             out = call(spec, fn, inputs, kwargs, eps)
     except Exception:  # noqa: BLE001 - raising is one way of failing
         return
-    err = normwise_error(out, definition(spec, inputs, eps))
+    if spec.family in GATED:
+        out = out[0]
+        expected = gated_definition(spec, {k: v.to(F64) for k, v in inputs.items()}, kwargs=kwargs)[0]
+    else:
+        expected = definition(spec, inputs, eps)
+    err = normwise_error(out, expected)
     assert math.isnan(err) or err > tolerance(name, dtype), (
         f"{name} {dtype} is declared unsupported ({spec.capabilities.runs(dtype, 'cpu')}) but now matches the "
         f"definition (normwise error {err:.3g}): re-check and declare it supported")
@@ -278,11 +405,15 @@ def test_gradients_match_definition(name: str) -> None:
     inputs = {k: v.requires_grad_() for k, v in inputs.items()}
     eps = 0.0 if spec.family is Family.RETENTION_NORMED else None  # torchscale's detached row scales cancel at 0
     out = call(spec, fn, inputs, kwargs, eps)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
-    grads = torch.autograd.grad((out.to(F64) * weights).sum(), list(inputs.values()))
+    outs = out if spec.family in GATED else [out]
+    gen = torch.Generator().manual_seed(2)
+    weights = [torch.randn(o.shape, generator=gen, dtype=F64) for o in outs]
+    loss = sum((o.to(F64) * w).sum() for o, w in zip(outs, weights))
+    grads = torch.autograd.grad(loss, list(inputs.values()), allow_unused=spec.family in GATED)
     ref_inputs = {k: v.detach().to(F64).requires_grad_() for k, v in inputs.items()}
-    expected = definition(spec, ref_inputs, eps, loops=True)
-    ref_grads = torch.autograd.grad((expected * weights).sum(), list(ref_inputs.values()))
+    expected = (gated_definition(spec, ref_inputs, loops=True, kwargs=kwargs) if spec.family in GATED
+                else [definition(spec, ref_inputs, eps, loops=True)])
+    ref_grads = torch.autograd.grad(sum((e * w).sum() for e, w in zip(expected, weights)), list(ref_inputs.values()))
     rtol = tolerance(name, dtype)
     for key, g, r in zip(inputs, grads, ref_grads):
         assert g is not None, f"{name}: no gradient for {key}"
@@ -560,17 +691,20 @@ def test_every_autotuner_is_pinned_by_the_layer() -> None:
 
 
 def test_fla_declares_tf32_for_its_dots_and_ieee_twins_do_not() -> None:
-    fla = [s for s in fla_adapter.KERNELS]
-    twins = {s.name for s in fla if s.name.endswith(".ieee")}
+    """Every Triton kernel with float32 dots (fla's, mamba-ssm's SSD) declares TF32 and has an ``.ieee`` twin,
+    float32 only, held to float32, whose gradients are checked too (backward in ieee: call_in_dot_precision)."""
+    triton_specs = [s for s in fla_adapter.KERNELS + mamba_ssm_adapter.KERNELS
+                    if "PyTorch" not in s.description and s.name != "mamba_ssm.selective_scan_fn"]
+    twins = {s.name for s in triton_specs if s.name.endswith(".ieee")}
     assert twins and all(s.capabilities.dtypes == ("float32",) and not s.capabilities.computes_in
-                         for s in fla if s.name in twins)
-    for spec in fla:
+                         for s in triton_specs if s.name in twins)
+    for spec in triton_specs:
         if spec.name in twins:
             continue
         has_twin = f"{spec.name}.ieee" in twins
         assert (spec.capabilities.computes_in.get("float32") == "tf32_rz") is has_twin, spec.name
-        assert spec.capabilities.autograd
-    assert not any(s.capabilities.autograd for s in fla if s.name in twins)
+        assert spec.capabilities.autograd or spec.name == "mamba_ssm.selective_state_update"
+    assert all(BY_NAME[name].capabilities.autograd for name in twins)
 
 
 def test_fused_chunk_gla_is_unavailable_with_fla_s_reason() -> None:

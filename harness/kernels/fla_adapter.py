@@ -29,8 +29,9 @@ fraction bits), on CUDA and on the CPU, where the interpreter reproduces the GPU
 (`harness.kernels.triton_interpreter`, ``dot_float32_input_precision``). Each such kernel has a
 ``<name>.ieee`` twin, float32 only, run with ``TRITON_F32_DEFAULT=ieee``
 (`triton_interpreter.dot_input_precision`) and held to float32: the pair tells how much of a kernel's
-float32 error on an H100 comes from TF32. The twins' gradients are not checked (``autograd=False``): fla's
-backward runs after the call returned, outside the precision setting.
+float32 error on an H100 comes from TF32. The twins' gradients are checked too: fla's backward runs when the
+caller asks for gradients, after the call returned, so `triton_interpreter.call_in_dot_precision` makes the
+call one autograd node whose backward re-enters ``ieee`` for fla's backward kernels.
 
 On a machine without CUDA the kernels run under the Triton interpreter with its corrections: ``load`` turns
 it on before importing fla, and then runs the kernel once on a tiny case (1 x 16 x 1 x 16, float32), so that
@@ -137,8 +138,8 @@ def _wrap(name: str, call: Callable, *, chunked: bool, precision: str | None) ->
 
     def fla_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
         qc, kc, vc = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-        with triton_interpreter.dot_input_precision(precision):
-            return call(qc, kc, vc, **kwargs).to(q.dtype)
+        out = triton_interpreter.call_in_dot_precision(precision, functools.partial(call, **kwargs), qc, kc, vc)
+        return out.to(q.dtype)
 
     fla_kernel.__name__ = name.split(".")[-1]
     _probe(name, (lambda q, k, v: fla_kernel(q, k, v, chunk_size=16)) if chunked else fla_kernel)
@@ -223,9 +224,9 @@ def _caps(entry: _Entry, *, ieee: bool = False) -> Capabilities:
         dtypes=dtypes,
         chunk_sizes=_CHUNK_SIZES if entry.chunked else None,
         head_dims=_DOT_HEAD_DIMS if entry.dots else None,
-        # fla's Triton backward kernels, checked by harness.gradients; not for the .ieee twins, whose backward
-        # runs after the call returned, outside the precision setting (so in TF32 like the default's)
-        autograd=not ieee,
+        # fla's Triton backward kernels, checked by harness.gradients; the .ieee twins' too, run in ieee like their
+        # forward (triton_interpreter.call_in_dot_precision)
+        autograd=True,
         unsupported=unsupported,
         slow=triton_interpreter.runs_interpreted(),
         computes_in=computes_in,
@@ -286,8 +287,13 @@ class _GatedEntry:
         def fla_gated(q, k, v, g, scale=None, initial_state=None, output_final_state=False, **kwargs):
             kw = entry.arguments(q, g, scale, initial_state, output_final_state, kwargs)
             q, k, v, g = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v, g))
-            with triton_interpreter.dot_input_precision(precision):
-                o, final = fn(q=q, k=k, v=v, **{entry.gate: g}, **kw)[:2]
+            h0 = kw.pop("initial_state", None)
+
+            def run(q, k, v, g, h0):
+                return tuple(fn(q=q, k=k, v=v, **{entry.gate: g}, **({"initial_state": h0} if h0 is not None else {}),
+                                **kw)[:2])
+
+            o, final = triton_interpreter.call_in_dot_precision(precision, run, q, k, v, g, h0)
             return o.to(q.dtype), (final if output_final_state else None)
 
         fla_gated.__name__ = self.attr
@@ -381,6 +387,7 @@ def _gated_caps(entry: _GatedEntry, *, ieee: bool = False) -> Capabilities:
         unsupported=unsupported,
         slow=entry.triton and triton_interpreter.runs_interpreted(),
         computes_in=computes_in,
+        matmuls=entry.dots,
         notes=notes,
         **_contract_flags(entry),
     )

@@ -161,10 +161,12 @@ def _load_chunk_scan_combined(precision: str | None = None) -> Callable:
         x, dt, A, B, C, D, z, dt_bias, initial_states = (
             _copy(t) for t in (x, dt, A, B, C, D, z, dt_bias, initial_states))
         seq_idx = None if seq_idx is None else _copy(seq_idx, torch.int32)  # mamba-ssm's dtype; exact
-        with triton_interpreter.dot_input_precision(precision):
-            out = fn(x, dt, A, B, C, int(chunk_size), D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-                     seq_idx=seq_idx, dt_softplus=bool(dt_softplus), return_final_states=bool(return_final_states))
-        return out
+
+        def run(x, dt, A, B, C, D, z, dt_bias, initial_states):
+            return fn(x, dt, A, B, C, int(chunk_size), D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                      seq_idx=seq_idx, dt_softplus=bool(dt_softplus), return_final_states=bool(return_final_states))
+
+        return triton_interpreter.call_in_dot_precision(precision, run, x, dt, A, B, C, D, z, dt_bias, initial_states)
 
     return mamba_chunk_scan_combined
 
@@ -176,7 +178,8 @@ def _load_chunk_scan_combined_ref() -> Callable:
                                     **unsupported):
         _refuse(unsupported, "mamba_ssm.ssd_chunk_scan_combined_ref")
         x, dt, A, B, C, D, z, dt_bias = (_copy(t) for t in (x, dt, A, B, C, D, z, dt_bias))
-        return fn(x, dt, A, B, C, int(chunk_size), D=D, z=z, dt_bias=dt_bias, dt_softplus=bool(dt_softplus))
+        y = fn(x, dt, A, B, C, int(chunk_size), D=D, z=z, dt_bias=dt_bias, dt_softplus=bool(dt_softplus))
+        return y.to(x.dtype)  # float32 for float16/bfloat16 inputs (its states and sums are float32)
 
     return ssd_chunk_scan_combined_ref
 
@@ -276,6 +279,7 @@ def _chunk_scan_spec(precision: str | None) -> KernelSpec:
             unsupported=_triton_unsupported({"float64": _SSD_FLOAT64}),
             slow=triton_interpreter.runs_interpreted(),
             computes_in={} if ieee else {"float32": "tf32_rz"},
+            matmuls=True,
             notes="Mamba-2's SSD, Triton forward and backward (mamba_ssm.ops.triton.ssd_combined); "
                   + ("float32 tl.dot run with input_precision ieee (TRITON_F32_DEFAULT=ieee)" if ieee else
                      f"float32: {_SSD_TF32}"),
@@ -344,6 +348,7 @@ KERNELS: list[KernelSpec] = [
             lengths=Lengths.CHUNK_MULTIPLE,
             autograd=True,
             unsupported={"float64": "the reference casts dt to float32 (dt.float()) before its cumulative sums"},
+            matmuls=True,
             notes="mamba-ssm's pure-PyTorch SSD reference (chunk_state_ref, state_passing_ref, chunk_scan_ref); "
                   "takes no initial states, seq_idx or final states; lengths a multiple of the chunk (chunk_scan_ref "
                   "asserts it)",
@@ -363,6 +368,7 @@ KERNELS: list[KernelSpec] = [
             lengths=Lengths.CHUNK_MULTIPLE,
             autograd=True,
             selective_options=False,
+            matmuls=True,
             notes="Listing 1 of the Mamba-2 paper (mamba_ssm.modules.ssd_minimal), pure PyTorch in the input dtype; "
                   "takes the discretized X = x dt and A dt (formed by the adapter in the input dtype), B and C per "
                   "head (groups repeated), lengths a multiple of the chunk; no D, z, dt_bias, softplus or seq_idx; "
