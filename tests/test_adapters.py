@@ -44,6 +44,11 @@ from harness.kernels.contract import ALL_DTYPES, DTYPE_NAMES, Family, KernelSpec
 
 pytestmark = pytest.mark.thirdparty
 
+try:  # for the Triton function below (the pytest session has turned the interpreter on before collection)
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton is part of make install
+    tl = None
+
 ADAPTER_MODULES = (mambapy_adapter, torchscale_adapter, fla_adapter, accelerated_scan_adapter,
                    yet_another_retnet_adapter, mamba_ssm_adapter, torchmamba_adapter)
 SPECS: list[KernelSpec] = [spec for mod in ADAPTER_MODULES for spec in mod.KERNELS]
@@ -586,6 +591,117 @@ def test_mamba_ssm_unavailable_reason_names_cuda() -> None:
         pytest.skip("mamba-ssm or CUDA is present here")
     reason = BY_NAME["mamba_ssm.selective_scan_fn"].unavailable_reason()
     assert reason and "mamba-ssm" in reason and "CUDA" in reason
+
+
+# --------------------------------------------------------------------------- mamba-ssm's Triton kernels, interpreted
+BUNDLE = __import__("pathlib").Path(__file__).resolve().parents[1] / ".device-bundle"
+
+
+@pytest.fixture(scope="module")
+def mamba_path():
+    """Where mamba-ssm is imported from: installed (None), else `make device-bundle`'s build without CUDA."""
+    if importlib.util.find_spec("mamba_ssm") is not None:
+        return None
+    if (BUNDLE / "mamba_ssm").is_dir():
+        return [str(BUNDLE)]
+    pytest.skip("mamba-ssm is neither installed (`make install-mamba-ssm`) nor in the device bundle "
+                "(`make device-bundle`)")
+
+
+def _mamba_module(module: str, path):
+    if not triton_interpreter.runs_interpreted():
+        pytest.skip("CUDA is present: mamba-ssm's kernels run compiled (tests/test_cuda_path.py)")
+    try:
+        return mamba_ssm_adapter.import_triton_module(module, path=path)
+    except KernelUnavailable as exc:
+        pytest.fail(f"{module} does not load interpreted: {exc.reason}")
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_mamba_selective_state_update_runs_interpreted(mamba_path, grouped: bool) -> None:
+    """The Triton single-step kernel, on the CPU: bfloat16 with every option, both layouts, at bfloat16's
+    tolerance; float32 without softplus at float32's (its softplus: the next test)."""
+    mod = _mamba_module("mamba_ssm.ops.triton.selective_state_update", mamba_path)
+    fn = mamba_ssm_adapter.state_update_scan(mod.selective_state_update)
+    gen = torch.Generator().manual_seed(4)
+    batch, dim, n, length, groups = 2, 4, 4, 9, 2
+    bc = (batch, groups, n, length) if grouped else (batch, n, length)
+    base = dict(u=torch.randn(batch, dim, length, generator=gen), delta=0.1 + torch.rand(batch, dim, length, generator=gen),
+                A=-torch.rand(dim, n, generator=gen) - 0.1, B=torch.randn(bc, generator=gen),
+                C=torch.randn(bc, generator=gen), D=torch.randn(dim, generator=gen),
+                z=torch.randn(batch, dim, length, generator=gen), delta_bias=torch.randn(dim, generator=gen) * 0.1)
+    for dtype, softplus in ((torch.bfloat16, True), (torch.float32, False)):
+        args = {k: v.to(dtype) if k not in ("A", "D", "delta_bias") else v for k, v in base.items()}
+        out = fn(*(args[k] for k in ("u", "delta", "A", "B", "C")), D=args["D"], z=args["z"],
+                 delta_bias=args["delta_bias"], delta_softplus=softplus)
+        expected = loop_selective_scan(**args, delta_softplus=softplus)
+        assert out.dtype == dtype and out.shape == (batch, dim, length)
+        name = "bfloat16" if dtype == torch.bfloat16 else "float32"
+        assert normwise_error(out, expected) <= RTOL[name], (name, normwise_error(out, expected))
+
+
+def _softplus_log1p(dt):
+    """log1p(exp(dt)) to float32 accuracy, as a Triton function: log(w) * e / (w - 1) with w = 1 + e."""
+    e = tl.exp(dt)
+    w = 1.0 + e
+    return tl.where(w == 1.0, e, tl.log(w) * (e / (w - 1.0)))
+
+
+def test_mamba_state_update_float32_softplus_is_mamba_ssm_s_own(mamba_path, monkeypatch) -> None:
+    """Found by the harness: in float32 with ``dt_softplus`` the kernel is divergent (cond error 5-17, 25-300 times
+    the float32 loop), because mamba-ssm's Triton-3 softplus is ``log(exp(dt) + 1)``
+    (ops/triton/softplus.py), which loses dt's relative precision for negative arguments (exp(dt) + 1 rounds
+    to 1), not ``log1p``. The same kernel with an accurate softplus put in its place is equivalent: the
+    finding is the kernel's, not the interpreter's or the adapter's."""
+    triton = pytest.importorskip("triton")
+
+    from harness.problems import Problem
+    from harness.runner import RunOptions, run_case
+
+    mod = _mamba_module("mamba_ssm.ops.triton.selective_state_update", mamba_path)
+
+    accurate = triton.jit(_softplus_log1p)
+    spec = BY_NAME["mamba_ssm.selective_state_update"]
+    probe = KernelSpec(name="probe.selective_state_update", family=Family.SELECTIVE_SCAN,
+                       load=lambda: mamba_ssm_adapter.state_update_scan(mod.selective_state_update),
+                       capabilities=spec.capabilities)
+    problem = Problem(family="selective_scan", length=37, dtype="float32", seed=11, batch=2, dim=4, state=8,
+                      delta_softplus=True, has_delta_bias=True)
+    shipped = run_case(probe, problem, RunOptions(timeout_s=None, check_determinism=False))
+    monkeypatch.setattr(mod, "softplus", accurate)
+    fixed = run_case(probe, problem, RunOptions(timeout_s=None, check_determinism=False))
+    assert shipped["verdict"] == "divergent" and shipped["cond_max"] > 2, shipped["why"]
+    assert fixed["verdict"] == "equivalent", fixed["why"]
+    assert shipped["cond_max"] > 10 * fixed["cond_max"]
+
+
+def test_mamba_chunk_scan_combined_runs_interpreted(mamba_path) -> None:
+    """Mamba-2's SSD (forward and backward Triton kernels) on the CPU, in mamba-ssm's layout, against the
+    ssd oracle: grouped B/C, D, z, dt_bias with softplus, an initial state, a seq_idx boundary and the final
+    states, over two chunks and a partial third (float32 with ieee dots; bfloat16)."""
+    ssd = ORACLE_SSD or pytest.skip("the ssd oracle (reference_impls.gated_decay) is not here")
+    mod = _mamba_module("mamba_ssm.ops.triton.ssd_combined", mamba_path)
+    gen = torch.Generator().manual_seed(5)
+    length, heads, groups, p, n = 37, 4, 2, 4, 4
+    r = lambda *shape: torch.randn(*shape, generator=gen, dtype=F64)  # noqa: E731
+    args = dict(x=r(1, length, heads, p), dt=r(1, length, heads), A=-(0.2 + torch.rand(heads, generator=gen,
+                dtype=F64)), B=r(1, length, groups, n), C=r(1, length, groups, n))
+    opts = dict(D=r(heads), z=r(1, length, heads, p), dt_bias=0.5 * r(heads), initial_states=r(1, heads, p, n))
+    seq_idx = (torch.arange(length) >= 21).long().unsqueeze(0)
+    y64, final64 = ssd(*args.values(), 16, **opts, dt_softplus=True, seq_idx=seq_idx, return_final_states=True)
+    for dtype, precision, rtol in ((torch.float32, "ieee", RTOL["float32"]), (torch.bfloat16, None, RTOL["bfloat16"])):
+        cast = {k: v.to(dtype).requires_grad_() for k, v in {**args, **opts}.items()}
+        with triton_interpreter.dot_input_precision(precision):
+            y, final = mod.mamba_chunk_scan_combined(*(cast[k] for k in args), 16, D=cast["D"], z=cast["z"],
+                                                     dt_bias=cast["dt_bias"], initial_states=cast["initial_states"],
+                                                     seq_idx=seq_idx.int(), dt_softplus=True,
+                                                     return_final_states=True)
+        assert y.dtype == dtype and normwise_error(y, y64) <= rtol, normwise_error(y, y64)
+        assert normwise_error(final, final64) <= rtol, normwise_error(final, final64)
+        if dtype == torch.float32:  # the backward kernels run too (mamba-ssm's SSD backward, interpreted)
+            with triton_interpreter.dot_input_precision(precision):
+                grads = torch.autograd.grad(y.sum(), list(cast.values()))
+            assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
 def test_torchmamba_unavailable_reason_names_python() -> None:
