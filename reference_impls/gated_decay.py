@@ -30,7 +30,8 @@ h (heads, P, N) follows ``h_t = exp(dt'_t A) h_{t-1} + (dt'_t x_t)^T B_t`` and `
 (heads, P)) and, with z, ``y *= silu(z)``, in that order (mamba-ssm's ``chunk_scan_ref``). ``seq_idx``
 (batch, T), non-decreasing along T, packs several sequences in a row: the state restarts from zeros
 wherever seq_idx changes; ``initial_states`` (batch, heads, P, N) is the state before each row's first
-step, and the final states are each row's last state. ``chunk_size`` only sets a chunked kernel's
+step (mamba-ssm gives it to sequence index 0, so with both, each row's seq_idx must start at 0), and
+the final states are each row's last state. ``chunk_size`` only sets a chunked kernel's
 blocking; the oracle accepts it and, in `ssd_trace`, uses it for the chunk term below.
 
 Arithmetic, in this order: ``a = exp(g)`` rounded in the dtype; ``k_t^T v_t`` the elementwise products
@@ -49,7 +50,11 @@ Trace of the output (float64; H_S, W_S are K x V like the state):
   and i of ``P_t = |a_t[i]| max(P_{t-1}, 1)`` (at most 1 when g <= 0). Both restart at a sequence
   boundary, where the state restarts.
 
-For ssd the output map adds ``|D x|`` to magnitude and growth and, with z, maps both through the gate as
+For ssd, whose decay and input are computed from dt, growth's state recurrence has two more inputs
+(`_ssd_input_rounding`): ``W_t = |a_t| W_{t-1} + H_t + e_a |a_t| H_{t-1} + e_kv |k_t| |v_t|``, where
+``e_kv = rel(dt') + 1`` counts the roundings in ``dt' x`` and ``e_a = |dt' A| (rel(dt') + 1)`` turns the
+relative error of the exponent ``dt' A`` into the decay's (``|x| e^x <= 1/e`` keeps it bounded). The
+output map adds ``|D x|`` to magnitude and growth and, with z, maps both through the gate as
 the selective scan does (``(...) |silu z| + |y|``); state_peak also holds the ungated magnitude.
 
 Trace of the final state: out = the final state; magnitude = H, growth = W at the last step (the
@@ -207,7 +212,8 @@ def _check_gla(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
     segments = _cu_seqlens(cu_seqlens, batch, length)
     rows = batch if segments is None else len(segments)
     if h0 is not None:
-        what = "(batch, heads, K, V)" if segments is None else "(sequences, heads, K, V), one row per cu_seqlens sequence"
+        what = ("(batch, heads, K, V)" if segments is None
+                else "(sequences, heads, K, V), one row per cu_seqlens sequence")
         _validate.shape("initial_state", h0, what, (rows, heads, dk, v.shape[3]))
     scale_ = dk**-0.5 if scale is None else _validate.real_number("scale", scale)
     final = _flag("output_final_state", output_final_state)
@@ -252,10 +258,14 @@ def _check_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_s
     if seq_idx is not None:
         idx = _int_tensor("seq_idx", seq_idx)
         if tuple(idx.shape) != (batch, length):
-            raise ValueError(f"seq_idx.shape={tuple(idx.shape)} does not match: expected (batch, T) = ({batch}, {length})")
+            raise ValueError(f"seq_idx.shape={tuple(idx.shape)} does not match: expected (batch, T) = "
+                             f"({batch}, {length})")
         if length > 1 and bool((idx[:, 1:] < idx[:, :-1]).any()):
             raise ValueError("seq_idx decreases along T in some row; expected a non-decreasing sequence index per "
                              "row (packed sequences 0, 0, 1, 1, 1, 2, ...)")
+        if h0 is not None and bool((idx[:, 0] != 0).any()):
+            raise ValueError(f"seq_idx[:, 0]={idx[:, 0].tolist()} with initial_states: mamba-ssm gives initial_states "
+                             "to sequence 0 only; expected every row's seq_idx to start at 0")
         rows = []
         for row in idx.tolist():
             cuts = [0] + [t for t in range(1, length) if row[t] != row[t - 1]] + [length]
@@ -272,44 +282,30 @@ def _check_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_s
 # The one loop
 
 
-@dataclass
-class _SegmentTrace:
-    """The trace fields of one segment's outputs (batch, n, heads, V) and of its last state."""
-
-    magnitude: torch.Tensor
-    growth: torch.Tensor
-    state_peak: torch.Tensor
-    decay_peak: torch.Tensor
-    chunk_growth: torch.Tensor | None
-    final: Trace
-    final_chunk_growth: torch.Tensor | None
-
-
-def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(Lambda, chunk_start): the within-chunk log-decay mass ``|g_c| + ... + |g_t|`` (float64, g's shape
-    (batch, n, heads, Kg)) and whether step t is a chunk's first, for chunks starting at multiples of
-    ``chunk_size`` counted from ``-offset``."""
+    (batch, n, heads, Kg)) and whether step t is a chunk's first, for chunks of ``chunk_size`` steps
+    from step 0. Lambda is a difference of float64 running sums: a bound, good to far better than the
+    float32/16 roundings it scales."""
     if chunk_size is None:
         return None
     n = g_abs.shape[1]
-    pos = torch.arange(n) + offset
-    start = pos % chunk_size == 0
-    lam = torch.empty_like(g_abs, dtype=torch.float64)
-    run = torch.zeros_like(g_abs[:, 0], dtype=torch.float64)
-    for t in range(n):  # a cumulative sum restarted at each chunk start (float64; a bound, not a result)
-        run = g_abs[:, t].double() if bool(start[t]) else run + g_abs[:, t].double()
-        lam[:, t] = run
-    return lam, start
+    t = torch.arange(n)
+    first = t - t % chunk_size  # the first step of t's chunk
+    running = torch.cat([torch.zeros_like(g_abs[:, :1], dtype=torch.float64), g_abs.double().cumsum(1)], dim=1)
+    lam = running[:, t + 1] - running[:, first]
+    return lam, t == first
 
 
 @_loop.single_threaded()
 @torch.no_grad()
-def _segment(q, k, v, g, h0, scale, chunk, *, with_trace):
+def _segment(q, k, v, g, h0, scale, chunk, *, with_trace, extra=None):
     """The recurrence over one segment (no resets inside), every row of the batch at once.
 
     q, k (batch, n, heads, K); v (batch, n, heads, V); g (batch, n, heads, Kg) with Kg in (1, K), all in
     the compute dtype on its device; h0 (batch, heads, K, V) or None; chunk: `_chunk_mass` of the segment
-    or None. Returns (o, last state, `_SegmentTrace` or None).
+    or None; extra: None or (e_a, e_kv) (batch, n, heads, 1), the inputs' own rounding in units of u
+    (ssd's growth term). Returns (o, last state, `GatedTrace` or None).
     """
     dtype, device = q.dtype, q.device
     batch, n_steps, heads, dk = q.shape
@@ -342,15 +338,21 @@ def _segment(q, k, v, g, h0, scale, chunk, *, with_trace):
         decay = torch.exp(g_blk)[..., None]  # (n, batch, heads, Kg, 1)
         kv = k_blk[..., :, None] * v_blk[..., None, :]  # (n, batch, heads, K, V)
         s_blk = s_buf[:n]
-        mag_before = mag_state if with_trace else None
         state = _loop.recur(decay, kv, state, s_blk)
         o[:, start:stop] = _loop.seq_sum(q_blk[..., :, None] * s_blk, -2).mul_(scale).transpose(0, 1)
         if not with_trace:
             continue
         decay_abs = decay.abs()
         q_abs = q_blk.abs()[..., :, None]
-        mag_state = _loop.recur(decay_abs, kv.abs(), mag_state, mag_buf[:n])
-        growth_state = _loop.recur(decay_abs, mag_buf[:n], growth_state, growth_buf[:n])
+        kv_abs = kv.abs()
+        mag_before = mag_state
+        mag_state = _loop.recur(decay_abs, kv_abs, mag_state, mag_buf[:n])
+        h_prev = torch.cat([mag_before[None], mag_buf[: n - 1]])  # H_{t-1} for the block's steps
+        growth_in = mag_buf[:n]
+        if extra is not None:  # the decay's and k^T v's own rounding, beyond the one u of each
+            e_a, e_kv = (e[:, start:stop].transpose(0, 1)[..., None] for e in extra)
+            growth_in = growth_in + e_a * decay_abs * h_prev + e_kv * kv_abs
+        growth_state = _loop.recur(decay_abs, growth_in, growth_state, growth_buf[:n])
         mag_o = _loop.seq_sum(q_abs * mag_buf[:n], -2).mul_(abs(scale))
         growth_o = _loop.seq_sum(q_abs * growth_buf[:n], -2).mul_(abs(scale)) + dk * mag_o
         mag[:, start:stop] = mag_o.transpose(0, 1)
@@ -366,7 +368,6 @@ def _segment(q, k, v, g, h0, scale, chunk, *, with_trace):
         decay_peak[:, start:stop] = dpeak.transpose(0, 1)
         if chunk is not None:
             lam = lam_all[:, start:stop].transpose(0, 1)[..., None].to(dtype)  # (n, batch, heads, Kg, 1)
-            h_prev = torch.cat([mag_before[None], mag_buf[: n - 1]])
             l_prev = torch.cat([lam_prev[None], lam[:-1]])
             first = chunk_start[start:stop].view(n, 1, 1, 1, 1)
             if start == 0:  # a sequence's first step: the state before it is the exact initial state
@@ -382,86 +383,77 @@ def _segment(q, k, v, g, h0, scale, chunk, *, with_trace):
         return o, state, None
     final = Trace(out=state, magnitude=mag_state, growth=growth_state, state_peak=entry_peak,
                   decay_peak=p_peak[..., None].expand_as(state).clone())
-    trace = _SegmentTrace(magnitude=mag, growth=growth, state_peak=state_peak, decay_peak=decay_peak,
-                          chunk_growth=chunk_o if chunk is not None else None, final=final,
-                          final_chunk_growth=y_state if chunk is not None else None)
+    out = Trace(out=o, magnitude=mag, growth=growth, state_peak=state_peak, decay_peak=decay_peak)
+    trace = GatedTrace(out=out, final_state=final, chunk_growth=chunk_o if chunk is not None else None,
+                       final_state_chunk_growth=y_state if chunk is not None else None)
     return o, state, trace
 
 
-def _cat_traces(parts: list[_SegmentTrace], dim: int) -> tuple[Trace, torch.Tensor | None]:
-    """The output trace fields of consecutive segments joined along time (``dim``)."""
-    def cat(name):
-        return torch.cat([getattr(p, name) for p in parts], dim=dim)
-
-    chunk = cat("chunk_growth") if parts[0].chunk_growth is not None else None
-    return (Trace(out=torch.empty(0), magnitude=cat("magnitude"), growth=cat("growth"), state_peak=cat("state_peak"),
-                  decay_peak=cat("decay_peak")), chunk)
+_FIELDS = ("out", "magnitude", "growth", "state_peak", "decay_peak")
 
 
-def _stack_finals(parts: list[_SegmentTrace]) -> tuple[Trace, torch.Tensor | None]:
-    fields = {name: torch.cat([getattr(p.final, name) for p in parts]) for name in
-              ("out", "magnitude", "growth", "state_peak", "decay_peak")}
-    chunk = torch.cat([p.final_chunk_growth for p in parts]) if parts[0].final_chunk_growth is not None else None
-    return Trace(**fields), chunk
+def _join(parts: list[GatedTrace], out_dim: int, *, finals: str) -> GatedTrace:
+    """The traces of pieces run one after another, as one: the outputs' fields joined along ``out_dim``
+    (1: consecutive pieces of time, 0: batch rows), the final states' stacked (``finals="cat"``: one
+    row per piece) or the last piece's (``"last"``: the pieces are one sequence's runs)."""
+    def cat(items, dim):
+        items = list(items)
+        return None if items[0] is None else torch.cat(items, dim=dim)
+
+    out = Trace(**{name: cat((getattr(p.out, name) for p in parts), out_dim) for name in _FIELDS})
+    if finals == "last":
+        final, final_chunk = parts[-1].final_state, parts[-1].final_state_chunk_growth
+    else:
+        final = Trace(**{name: cat((getattr(p.final_state, name) for p in parts), 0) for name in _FIELDS})
+        final_chunk = cat((p.final_state_chunk_growth for p in parts), 0)
+    return GatedTrace(out=out, final_state=final, chunk_growth=cat((p.chunk_growth for p in parts), out_dim),
+                      final_state_chunk_growth=final_chunk)
 
 
-def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None, row_chunks=False):
+def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None, row_chunks=False,
+           extra=None):
     """The gated recurrence on (batch, T, ...) inputs, split into independent segments.
 
     ``segments``: None (each batch row is one sequence from ``h0``), or a list with, per batch row, the
     (start, stop) runs that restart the state; the first run of a row starts from that row of ``h0``,
     every later one from zeros (ssd's seq_idx; fla's cu_seqlens goes through `_run_fla`, one call per
     sequence, since its initial states are per sequence). ``row_chunks``: chunks counted along the whole row
-    (ssd) rather than from each segment's start (fla). Returns (o, final states, GatedTrace or None).
+    (ssd) rather than from each segment's start (fla). ``extra``: `_segment`'s, for the whole
+    (batch, T). Returns (o, final states, GatedTrace or None).
     """
     q, k, v, g = (x.to(device=device, dtype=dtype) for x in (q, k, v, g))
     h0 = None if h0 is None else h0.to(device=device, dtype=dtype)
-    batch, length = q.shape[:2]
     g_abs = g.abs()
     if segments is None:
         chunk = _chunk_mass(g_abs, chunk_size) if with_trace else None
-        o, final, part = _segment(q, k, v, g, h0, scale, chunk, with_trace=with_trace)
-        if not with_trace:
-            return o, final, None
-        out, chunk_o = _cat_traces([part], 1)
-        return o, final, GatedTrace(out=replace(out, out=o), final_state=replace(part.final),
-                                    chunk_growth=chunk_o, final_state_chunk_growth=part.final_chunk_growth)
-    outs, finals, row_traces, final_parts = [], [], [], []
+        return _segment(q, k, v, g, h0, scale, chunk, with_trace=with_trace, extra=extra)
+    outs, finals, rows = [], [], []
     for b, runs in enumerate(segments):
         row_chunk = _chunk_mass(g_abs[b:b + 1], chunk_size) if with_trace and row_chunks else None
-        pieces, pieces_trace, state, last = [], [], None, None
+        pieces, parts, state = [], [], None
         for i, (t0, t1) in enumerate(runs):
             start = h0[b:b + 1] if (h0 is not None and i == 0) else None
+            chunk = None
             if with_trace and chunk_size is not None:
                 chunk = ((row_chunk[0][:, t0:t1], row_chunk[1][t0:t1]) if row_chunks
                          else _chunk_mass(g_abs[b:b + 1, t0:t1], chunk_size))
-            else:
-                chunk = None
             sl = (slice(b, b + 1), slice(t0, t1))
-            o_seg, state, part = _segment(q[sl], k[sl], v[sl], g[sl], start, scale, chunk, with_trace=with_trace)
+            part_extra = None if extra is None else tuple(e[sl] for e in extra)
+            o_seg, state, part = _segment(q[sl], k[sl], v[sl], g[sl], start, scale, chunk, with_trace=with_trace,
+                                          extra=part_extra)
             pieces.append(o_seg)
-            pieces_trace.append(part)
-            last = part
+            parts.append(part)
         outs.append(torch.cat(pieces, dim=1))
         finals.append(state)
         if with_trace:
-            row_traces.append(pieces_trace)
-            final_parts.append(last)
-    o = torch.cat(outs)
-    final = torch.cat(finals)
-    if not with_trace:
-        return o, final, None
-    per_row = [_cat_traces(parts, 1) for parts in row_traces]
-    fields = {name: torch.cat([getattr(t, name) for t, _ in per_row]) for name in
-              ("magnitude", "growth", "state_peak", "decay_peak")}
-    chunk_o = torch.cat([c for _, c in per_row]) if chunk_size is not None else None
-    final_trace, final_chunk = _stack_finals(final_parts)
-    return o, final, GatedTrace(out=Trace(out=o, **fields), final_state=final_trace, chunk_growth=chunk_o,
-                                final_state_chunk_growth=final_chunk)
+            rows.append(_join(parts, 1, finals="last"))
+    trace = _join(rows, 0, finals="cat") if with_trace else None
+    return torch.cat(outs), torch.cat(finals), trace
 
 
 def _run_fla(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None):
-    """simple_gla/gla: cu_seqlens sequences are cut out of the single row and run as one row each."""
+    """simple_gla/gla: cu_seqlens sequences are cut out of the single row and run as one row each
+    (their own initial states, their own chunks, one final-state row each)."""
     if segments is None:
         return _gated(q, k, v, g, scale, h0, None, dtype=dtype, device=device, with_trace=with_trace,
                       chunk_size=chunk_size)
@@ -473,18 +465,7 @@ def _run_fla(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chun
         outs.append(o)
         finals.append(final)
         traces.append(trace)
-    o = torch.cat(outs, dim=1)
-    final = torch.cat(finals)
-    if not with_trace:
-        return o, final, None
-    fields = {name: torch.cat([getattr(t.out, name) for t in traces], dim=1) for name in
-              ("magnitude", "growth", "state_peak", "decay_peak")}
-    finals_trace = {name: torch.cat([getattr(t.final_state, name) for t in traces]) for name in
-                    ("out", "magnitude", "growth", "state_peak", "decay_peak")}
-    chunk_o = torch.cat([t.chunk_growth for t in traces], dim=1) if chunk_size is not None else None
-    chunk_f = torch.cat([t.final_state_chunk_growth for t in traces]) if chunk_size is not None else None
-    return o, final, GatedTrace(out=Trace(out=o, **fields), final_state=Trace(**finals_trace),
-                                chunk_growth=chunk_o, final_state_chunk_growth=chunk_f)
+    return torch.cat(outs, dim=1), torch.cat(finals), (_join(traces, 1, finals="cat") if with_trace else None)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -589,6 +570,24 @@ def gla_trace(
 # ssd (Mamba-2)
 
 
+def _ssd_input_rounding(pre, dt, log_decay, biased, softplus):
+    """(e_a, e_kv), ssd's extra growth inputs in units of u (module docstring): the relative error of
+    dt' from ``dt + dt_bias`` (1, times softplus's condition ``|x| sigmoid(x) / softplus(x)``) and from
+    softplus itself (2), then one rounding more for ``dt' * A`` (scaled by |dt' A|: an absolute error in
+    exp's argument is a relative one of its value) and for ``dt' * x``."""
+    rel = torch.zeros_like(dt)
+    if biased:
+        if softplus:
+            cond = pre.abs() * torch.sigmoid(pre) / dt
+            rel = rel + torch.where(dt > 0, cond, torch.ones_like(cond))
+        else:
+            rel = rel + 1.0
+    if softplus:
+        rel = rel + 2.0
+    e_kv = (rel + 1.0)[..., None]
+    return log_decay.abs() * e_kv, e_kv
+
+
 def _ssd_run(args, *, dtype, device, with_trace, chunk_size=None):
     """ssd through `_gated` (the mapping in the module docstring); returns (y, final states, GatedTrace)."""
     x, dt, A, B, C, D, z, dt_bias, softplus, h0, rows, (lo, hi) = args
@@ -596,6 +595,7 @@ def _ssd_run(args, *, dtype, device, with_trace, chunk_size=None):
     heads, groups = x.shape[2], B.shape[2]
     if dt_bias is not None:
         dt = dt + dt_bias.to(device=device, dtype=dtype)
+    pre = dt
     if softplus:
         dt = F.softplus(dt, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
     dt = dt.clamp(min=lo, max=hi)
@@ -604,8 +604,9 @@ def _ssd_run(args, *, dtype, device, with_trace, chunk_size=None):
     q = C.repeat_interleave(heads // groups, dim=2)
     v = dt[..., None] * x
     start = None if h0 is None else h0.transpose(-1, -2)  # h (P, N) is S^T
+    extra = _ssd_input_rounding(pre, dt, log_decay, dt_bias is not None, softplus) if with_trace else None
     o, state, trace = _gated(q, k, v, log_decay, 1.0, start, rows, dtype=dtype, device=device,
-                             with_trace=with_trace, chunk_size=chunk_size, row_chunks=True)
+                             with_trace=with_trace, chunk_size=chunk_size, row_chunks=True, extra=extra)
     final = state.transpose(-1, -2)
     y = o
     if D is not None:

@@ -148,6 +148,13 @@ class Capabilities:
     #: The GPU sweep plans the TF32 axis only for kernels where this holds: for a scan the flags change
     #: nothing, and TF32's bound is 8192 times float32's.
     matmuls: bool | None = None
+    #: Gated families (simple_gla, gla, ssd): whether the kernel takes an initial state, returns the final
+    #: state when asked (``output_final_state=True`` / ``return_final_states=True``), and accepts packed
+    #: variable-length batches (``cu_seqlens``, or ssd's ``seq_idx``). The strategies draw each only where
+    #: it is declared, so a kernel without them is never handed one.
+    initial_state: bool = False
+    final_state: bool = False
+    varlen: bool = False
     notes: str = ""
 
     @property

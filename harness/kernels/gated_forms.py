@@ -1,0 +1,260 @@
+"""In-tree gated-decay kernels (simple GLA and GLA, fla's layout) in three forms, pure torch.
+
+All forms compute, per batch row and head, with ``a_t = exp(g_t)`` (one per head for simple_gla, one per
+key channel for gla) and a K x V state S::
+
+    S_t = diag(a_t) S_{t-1} + k_t^T v_t,     o_t = scale * q_t S_t,     S_{-1} = initial_state or 0
+
+with fla's signature ``fn(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+cu_seqlens=None, chunk_size=64) -> (o, final_state or None)``. They differ only in evaluation order,
+and so in rounding and range, which is what the harness measures:
+
+- `*_recurrent`: the loop above, one step per t;
+- `*_chunk` (the stable chunk form): within a chunk of c steps, with ``G_t = g_1 + ... + g_t`` the
+  cumulative log-decay from the chunk's start, ``o_t = sum_{s<=t} (q_t . (k_s exp(G_t - G_s))) v_s +
+  (q_t exp(G_t)) S_prev`` and ``S = diag(exp(G_c)) S_prev + sum_s (k_s exp(G_c - G_s))^T v_s``. Every
+  exponent is <= 0 when g <= 0 (a difference of cumulative sums, masked to s <= t before the exp), so
+  nothing overflows; the exponents carry the rounding of two cumulative sums (``reference_impls.
+  gated_decay``'s chunk term bounds it).
+- `*_chunk_cumprod`: the same algebra factored through the cumulative product, ``q_t exp(G_t)`` times
+  ``k_s exp(-G_s)``: one matmul instead of a masked exp per pair, and ``exp(-G_s)`` overflows once the
+  chunk's cumulative log-decay passes the dtype's exp range (-88.7 in float32: five steps of -20). Then
+  ``0 * inf = NaN`` in the kernel's own intermediates while the exact state and output are small: a
+  kernel error of the form (``divergent``), not an input outside the dtype's range. It is in-tree to
+  show exactly that (issue 14); it is correct under mild decay.
+
+All arithmetic is in the input dtype (the cumulative sums too); the query is scaled first, as fla does.
+``cu_seqlens`` (batch 1, fla's convention) runs each packed sequence from its own initial state (row i
+of ``initial_state``) and returns one final-state row per sequence; chunks restart at each sequence.
+Inputs are never modified; everything is plain torch, so autograd works.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from harness.errors import InvalidArgument
+from harness.kernels.contract import Capabilities, Family, KernelSpec
+
+__all__ = [
+    "gla_chunk",
+    "gla_chunk_cumprod",
+    "gla_recurrent",
+    "simple_gla_chunk",
+    "simple_gla_chunk_cumprod",
+    "simple_gla_recurrent",
+    "KERNELS",
+]
+
+#: fla's default chunk size.
+DEFAULT_CHUNK = 64
+
+
+# ----------------------------------------------------------------------------------------------------
+# Arguments and sequences
+
+
+def _positive_int(name: str, value: object) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        n = 0
+    if n < 1:
+        raise InvalidArgument(f"{name}={value!r} must be a positive int; e.g. {name}=64")
+    return n
+
+
+def _check(q, k, v, g, *, per_key: bool) -> torch.Tensor:
+    """Shapes as fla's layout asks; returns g as (batch, T, heads, Kg), Kg = K (gla) or 1 (simple_gla)."""
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise InvalidArgument(f"q.shape={tuple(q.shape)!r}, k.shape={tuple(k.shape)!r}, v.shape={tuple(v.shape)!r}; "
+                              "expected q, k (batch, T, heads, K) and v (batch, T, heads, V)")
+    want = tuple(q.shape) if per_key else tuple(q.shape[:3])
+    if tuple(g.shape) != want:
+        what = "(batch, T, heads, K)" if per_key else "(batch, T, heads)"
+        raise InvalidArgument(f"g.shape={tuple(g.shape)!r}; expected {what} = {want}")
+    return g if per_key else g[..., None]
+
+
+def _sequences(q, initial_state, cu_seqlens):
+    """[(t0, t1, initial state rows or None)]: the whole batch, or one entry per packed sequence."""
+    batch, length = q.shape[:2]
+    if cu_seqlens is None:
+        return [(0, length, initial_state)]
+    bounds = [int(c) for c in cu_seqlens]
+    if batch != 1 or len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != length or any(
+            b < a for a, b in zip(bounds, bounds[1:])):
+        raise InvalidArgument(f"cu_seqlens={bounds} with q.shape={tuple(q.shape)}; expected batch 1 and "
+                              f"non-decreasing boundaries from 0 to T={length}")
+    return [(t0, t1, None if initial_state is None else initial_state[i:i + 1])
+            for i, (t0, t1) in enumerate(zip(bounds[:-1], bounds[1:]))]
+
+
+def _run(form, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size, *, per_key):
+    """Check, split into sequences, run ``form(q, k, v, g4, scale, h0, chunk_size) -> (o, S)`` on each."""
+    g4 = _check(q, k, v, g, per_key=per_key)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    chunk_size = _positive_int("chunk_size", chunk_size)
+    if initial_state is not None:
+        initial_state = initial_state.to(q.dtype)
+    outs, finals = [], []
+    for t0, t1, h0 in _sequences(q, initial_state, cu_seqlens):
+        o, state = form(q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], g4[:, t0:t1], scale, h0, chunk_size)
+        outs.append(o)
+        finals.append(state)
+    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    final = finals[0] if len(finals) == 1 else torch.cat(finals)
+    return o, (final if output_final_state else None)
+
+
+def _zero_state(q, v, h0):
+    batch, _, heads, dk = q.shape
+    if h0 is not None:
+        return h0
+    return torch.zeros(batch, heads, dk, v.shape[-1], dtype=q.dtype, device=q.device)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The forms: (q, k, v, g (batch, T, heads, Kg), scale, h0 or None, chunk_size) -> (o, final state)
+
+
+def recurrent_form(q, k, v, g, scale, h0, chunk_size=None):
+    """One step per t: ``S = exp(g_t) S + k_t^T v_t``, ``o_t = (scale q_t) S``."""
+    state = _zero_state(q, v, h0)
+    qs = q * scale
+    decay = torch.exp(g)[..., None]  # (batch, T, heads, Kg, 1)
+    outs = []
+    for t in range(q.shape[1]):
+        state = decay[:, t] * state + k[:, t, :, :, None] * v[:, t, :, None, :]
+        outs.append((qs[:, t, :, None, :] @ state).squeeze(-2))
+    if not outs:
+        return v.new_zeros(q.shape[0], 0, q.shape[2], v.shape[-1]), state
+    return torch.stack(outs, dim=1), state
+
+
+def chunk_decays(g_chunk: torch.Tensor) -> torch.Tensor:
+    """The cumulative log-decay from the chunk's start, ``G_t = g_1 + ... + g_t`` (inclusive), (batch,
+    heads, n, Kg) in the input dtype."""
+    return g_chunk.cumsum(dim=2)
+
+
+def intra_scores(qc, kc, G):
+    """``scores[t, s] = sum_i q_t[i] k_s[i] exp(G_t[i] - G_s[i])`` for s <= t, else 0 (stable form):
+    the difference is masked to s <= t before the exp, so every exponent is <= 0 for g <= 0."""
+    n = qc.shape[2]
+    causal = torch.ones(n, n, dtype=torch.bool, device=qc.device).tril()
+    diff = G[:, :, :, None, :] - G[:, :, None, :, :]  # (batch, heads, n, n, Kg)
+    decay = torch.exp(torch.where(causal[..., None], diff, torch.full((), -torch.inf, dtype=G.dtype,
+                                                                      device=G.device)))
+    if G.shape[-1] == 1:
+        return (qc @ kc.transpose(-1, -2)) * decay[..., 0]
+    return torch.einsum("bhti,bhsi,bhtsi->bhts", qc, kc, decay)
+
+
+def chunk_output(qc, kc, vc, G, state):
+    """A chunk's outputs, stable form: the within-chunk scores times v plus the decayed carried state."""
+    return intra_scores(qc, kc, G) @ vc + (qc * torch.exp(G)) @ state
+
+
+def chunk_state(kc, vc, G, state):
+    """The state after the chunk: ``diag(exp(G_last)) S + sum_s (k_s exp(G_last - G_s))^T v_s``."""
+    last = G[:, :, -1:]  # (batch, heads, 1, Kg)
+    return torch.exp(last).transpose(-1, -2) * state + (kc * torch.exp(last - G)).transpose(-1, -2) @ vc
+
+
+def chunks(q, k, v, g, scale, chunk_size):
+    """Yield ``(t0, t1, qc, kc, vc, G)`` per chunk, heads first: qc (batch, heads, n, K) pre-scaled."""
+    qs = q * scale
+    for t0 in range(0, q.shape[1], chunk_size):
+        t1 = min(t0 + chunk_size, q.shape[1])
+        qc, kc, vc, gc = (x[:, t0:t1].transpose(1, 2) for x in (qs, k, v, g))
+        yield t0, t1, qc, kc, vc, chunk_decays(gc)
+
+
+def _collect(outs, q, v):
+    if not outs:
+        return v.new_zeros(q.shape[0], 0, q.shape[2], v.shape[-1])
+    return torch.cat(outs, dim=2).transpose(1, 2)
+
+
+def chunk_form(q, k, v, g, scale, h0, chunk_size):
+    """The stable chunk form (module docstring)."""
+    state = _zero_state(q, v, h0)
+    outs = []
+    for _, _, qc, kc, vc, G in chunks(q, k, v, g, scale, chunk_size):
+        outs.append(chunk_output(qc, kc, vc, G, state))
+        state = chunk_state(kc, vc, G, state)
+    return _collect(outs, q, v), state
+
+
+def chunk_cumprod_form(q, k, v, g, scale, h0, chunk_size):
+    """The chunk form through the cumulative product: ``(q exp(G)) (k exp(-G))^T``, masked after the
+    product; ``exp(-G)`` is unbounded (module docstring)."""
+    state = _zero_state(q, v, h0)
+    outs = []
+    for _, _, qc, kc, vc, G in chunks(q, k, v, g, scale, chunk_size):
+        n = qc.shape[2]
+        causal = torch.ones(n, n, dtype=torch.bool, device=qc.device).tril()
+        q_dec, k_inv = qc * torch.exp(G), kc * torch.exp(-G)
+        scores = (q_dec @ k_inv.transpose(-1, -2)).masked_fill(~causal, 0.0)
+        outs.append(scores @ vc + q_dec @ state)
+        state = torch.exp(G[:, :, -1:]).transpose(-1, -2) * (state + k_inv.transpose(-1, -2) @ vc)
+    return _collect(outs, q, v), state
+
+
+# ----------------------------------------------------------------------------------------------------
+# The kernels (fla's signatures)
+
+
+def _kernel(form, per_key: bool, doc: str):
+    def kernel(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+               chunk_size=DEFAULT_CHUNK):
+        return _run(form, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size,
+                    per_key=per_key)
+
+    kernel.__doc__ = doc
+    return kernel
+
+
+simple_gla_recurrent = _kernel(recurrent_form, False, "simple GLA, one step per t (`recurrent_form`).")
+simple_gla_chunk = _kernel(chunk_form, False, "simple GLA, stable chunk form (`chunk_form`).")
+simple_gla_chunk_cumprod = _kernel(chunk_cumprod_form, False,
+                                   "simple GLA, chunk form through exp(-cumsum) (`chunk_cumprod_form`).")
+gla_recurrent = _kernel(recurrent_form, True, "GLA, one step per t (`recurrent_form`).")
+gla_chunk = _kernel(chunk_form, True, "GLA, stable chunk form (`chunk_form`).")
+gla_chunk_cumprod = _kernel(chunk_cumprod_form, True, "GLA, chunk form through exp(-cumsum) (`chunk_cumprod_form`).")
+for _fn, _name in ((simple_gla_recurrent, "simple_gla_recurrent"), (simple_gla_chunk, "simple_gla_chunk"),
+                   (simple_gla_chunk_cumprod, "simple_gla_chunk_cumprod"), (gla_recurrent, "gla_recurrent"),
+                   (gla_chunk, "gla_chunk"), (gla_chunk_cumprod, "gla_chunk_cumprod")):
+    _fn.__name__ = _fn.__qualname__ = _name  # picklable by name (worker processes get kernels by reference)
+
+_STATEFUL = dict(autograd=True, matmuls=True, initial_state=True, final_state=True, varlen=True)
+RECURRENT_CAPS = Capabilities(**_STATEFUL)
+CHUNK_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL)
+CUMPROD_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL,
+                            notes="exp(-cumsum) overflows under strong decay: divergent there by design (issue 14)")
+
+
+def _spec(name: str, family: Family, fn, caps: Capabilities, description: str) -> KernelSpec:
+    return KernelSpec(name=name, family=family, load=lambda: fn, capabilities=caps, description=description)
+
+
+#: Registered by `harness.kernels.registry` once the gated families are wired (module in BUILTIN_MODULES).
+KERNELS: list[KernelSpec] = [
+    _spec("intree.simple_gla_recurrent", Family.SIMPLE_GLA, simple_gla_recurrent, RECURRENT_CAPS,
+          "simple GLA, a loop over t in the input dtype"),
+    _spec("intree.simple_gla_chunk", Family.SIMPLE_GLA, simple_gla_chunk, CHUNK_CAPS,
+          "simple GLA, chunk form with exponents of differences of cumulative sums (stable), any chunk size"),
+    _spec("intree.simple_gla_chunk_cumprod", Family.SIMPLE_GLA, simple_gla_chunk_cumprod, CUMPROD_CAPS,
+          "simple GLA, chunk form through the cumulative product exp(-cumsum): overflows under strong decay"),
+    _spec("intree.gla_recurrent", Family.GLA, gla_recurrent, RECURRENT_CAPS,
+          "GLA, a loop over t in the input dtype"),
+    _spec("intree.gla_chunk", Family.GLA, gla_chunk, CHUNK_CAPS,
+          "GLA, chunk form with exponents of differences of cumulative sums (stable), any chunk size"),
+    _spec("intree.gla_chunk_cumprod", Family.GLA, gla_chunk_cumprod, CUMPROD_CAPS,
+          "GLA, chunk form through the cumulative product exp(-cumsum): overflows under strong decay"),
+]

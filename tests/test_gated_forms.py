@@ -1,0 +1,177 @@
+"""The in-tree gated-decay kernels (`harness.kernels.gated_forms`) against the float64 oracle.
+
+Every form agrees with `reference_impls.gated_decay` in float64 over chunk sizes that do and do not
+divide the length, initial states, final states and packed sequences: the recurrent form bit for bit,
+the chunk forms within 1.5e-14 absolutely (up to 44 u magnitude) and within the chunk-aware bound
+u (growth + chunk_growth + magnitude). In
+float32 under strong decay (log-decay uniform in [-20, 0], T = 70, chunk 64) the stable chunk form
+errs by up to 52 times the sequential loop's bound u (growth + magnitude) and stays within the chunk
+term's u (growth + chunk_growth + magnitude) (at most 0.49 of it); the recurrent form stays within the
+sequential bound (0.34). The cumulative-product form returns NaN there, while the exact output is
+finite and small.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.errors import InvalidArgument
+from harness.kernels import gated_forms as gf
+from harness.kernels.contract import Family
+from reference_impls import gated_decay as gd
+
+U64 = 2.0**-53
+U32 = 2.0**-24
+FORMS = ("recurrent", "chunk", "chunk_cumprod")
+#: The chunk forms' extra roundings per term, beyond the sequential loop's: exp(G_t - G_s) (stable) or
+#: exp(G_t) and exp(-G_s) (cumulative product), and the products of q and k with them.
+CHUNK_DEPTH = 4
+KERNELS = [(f"{fam}_{form}", fam == "gla") for fam in ("simple_gla", "gla") for form in FORMS]
+
+
+def _case(seed, *, per_key, batch=2, length=23, heads=2, dk=4, dv=3, lo=-2.0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(batch, length, heads, dk, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(batch, length, heads, dv, generator=g, dtype=torch.float64)
+    shape = (batch, length, heads, dk) if per_key else (batch, length, heads)
+    lg = lo * torch.rand(shape, generator=g, dtype=torch.float64)
+    return [x.to(dtype) for x in (q, k, v, lg)]
+
+
+def _oracle(per_key):
+    return (gd.gla, gd.gla_trace) if per_key else (gd.simple_gla, gd.simple_gla_trace)
+
+
+def _units(err, magnitude):
+    return float(torch.where(err == 0, 0.0, err / (U64 * magnitude)).max())
+
+
+@pytest.mark.parametrize("name, per_key", KERNELS)
+def test_float64_agrees_with_the_oracle(name, per_key):
+    """Within u (growth + depth magnitude) of the oracle and within 1e-13 absolutely. For the chunk forms
+    growth holds the chunk term (their exponents of cumulative sums) and depth = `CHUNK_DEPTH` counts a
+    term's extra roundings (its own exp or two, and the products with them); the recurrent form is the
+    oracle's loop (depth 1)."""
+    fn = getattr(gf, name)
+    _, trace_fn = _oracle(per_key)
+    chunked = "chunk" in name
+    worst = 0.0
+    for seed, length in enumerate((1, 7, 23, 64, 65)):
+        q, k, v, lg = _case(seed, per_key=per_key, length=length)
+        h0 = torch.randn(q.shape[0], q.shape[2], q.shape[3], v.shape[3], dtype=torch.float64) if seed % 2 else None
+        for chunk_size in ((1, 5, 64) if length < 30 else (16, 64)):  # dividing the length and not
+            tr = trace_fn(q, k, v, lg, initial_state=h0, output_final_state=True, chunk_size=chunk_size)
+            tr = tr.with_chunk_growth() if chunked else tr
+            o, final = fn(q, k, v, lg, initial_state=h0, output_final_state=True, chunk_size=chunk_size)
+            assert o.dtype == torch.float64 and o.shape == tr.out.out.shape
+            for got, t in ((o, tr.out), (final, tr.final_state)):
+                err = (got - t.out).abs()
+                assert float(err.max()) < 1e-13
+                worst = max(worst, _units(err, t.growth + (CHUNK_DEPTH if chunked else 1) * t.magnitude))
+    assert worst <= 1.0, f"{name}: {worst} u (growth + depth magnitude)"
+    if not chunked:
+        assert worst == 0.0  # the recurrent form is the oracle's loop: same operations, same order
+
+
+@pytest.mark.parametrize("name, per_key", KERNELS)
+def test_varlen_agrees_with_the_oracle(name, per_key):
+    fn = getattr(gf, name)
+    oracle, _ = _oracle(per_key)
+    q, k, v, lg = _case(7, per_key=per_key, batch=1, length=30)
+    cu = torch.tensor([0, 3, 17, 30])
+    h0 = torch.randn(3, 2, 4, 3, dtype=torch.float64)
+    o_ref, f_ref = oracle(q, k, v, lg, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    o, final = fn(q, k, v, lg, initial_state=h0, output_final_state=True, cu_seqlens=cu, chunk_size=8)
+    assert torch.allclose(o, o_ref, rtol=0, atol=1e-12) and torch.allclose(final, f_ref, rtol=0, atol=1e-12)
+    o_leak, _ = oracle(q, k, v, lg, initial_state=h0[:1])
+    assert not torch.allclose(o, o_leak, atol=1e-6)  # the case does tell a leak across boundaries
+
+
+@pytest.mark.parametrize("name, per_key", KERNELS)
+def test_final_state_only_when_asked(name, per_key):
+    q, k, v, lg = _case(8, per_key=per_key, length=5)
+    o, final = getattr(gf, name)(q, k, v, lg)
+    assert final is None and o.shape == (2, 5, 2, 3)
+    o0, f0 = getattr(gf, name)(q[:, :0], k[:, :0], v[:, :0], lg[:, :0], output_final_state=True)
+    assert o0.shape == (2, 0, 2, 3) and torch.equal(f0, torch.zeros(2, 2, 4, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["simple_gla", "gla"])
+def test_cumprod_form_overflows_under_strong_decay_where_the_exact_output_is_small(per_key):
+    q, k, v, lg = _case(9, per_key=per_key, batch=1, length=40, lo=-20.0)
+    lg = torch.full_like(lg, -20.0)  # -20 per step: exp(-cumsum) passes float32's range at step 5
+    oracle, trace_fn = _oracle(per_key)
+    exact, _ = oracle(q, k, v, lg)
+    tr = trace_fn(q, k, v, lg)
+    assert torch.isfinite(exact).all() and float(exact.abs().max()) < 100
+    assert float(tr.out.state_peak.max()) < 100 and float(tr.out.decay_peak.max()) <= 1.0  # in range
+    prefix = "gla_" if per_key else "simple_gla_"
+    args = [x.float() for x in (q, k, v, lg)]
+    o_bad, _ = getattr(gf, prefix + "chunk_cumprod")(*args, chunk_size=16)
+    assert not torch.isfinite(o_bad).all()
+    o_good, _ = getattr(gf, prefix + "chunk")(*args, chunk_size=16)
+    assert torch.isfinite(o_good).all()
+    assert float((o_good.double() - exact).abs().max()) < 1e-4
+    o_mild, _ = getattr(gf, prefix + "chunk_cumprod")(*[x.float() for x in (q, k, v, lg / 40)], chunk_size=16)
+    assert torch.isfinite(o_mild).all()  # the cumulative-product form is right under mild decay
+
+
+def test_chunk_term_bounds_the_float32_chunk_form():
+    """The stable chunk form in float32 under strong decay errs beyond the sequential loop's bound
+    u (growth + magnitude) and within u (growth + chunk_growth + magnitude); the recurrent form
+    stays within the sequential bound."""
+    beyond = 0.0
+    for seed in range(3):
+        q, k, v, lg = _case(10 + seed, per_key=False, batch=1, length=70, heads=2, dk=8, dv=8, lo=-20.0)
+        exact, _ = gd.simple_gla(q, k, v, lg)
+        tr = gd.simple_gla_trace(q, k, v, lg, chunk_size=64)
+        args = [x.float() for x in (q, k, v, lg)]
+        err = (gf.simple_gla_chunk(*args, chunk_size=64)[0].double() - exact).abs()
+        beyond = max(beyond, float((err / (U32 * (tr.out.growth + tr.out.magnitude))).max()))
+        assert float((err / (U32 * (tr.out.growth + tr.chunk_growth + tr.out.magnitude))).max()) <= 1.0
+        err_rec = (gf.simple_gla_recurrent(*args)[0].double() - exact).abs()
+        assert float((err_rec / (U32 * (tr.out.growth + tr.out.magnitude))).max()) <= 1.0
+    assert beyond > 5.0
+
+
+@pytest.mark.parametrize("name, per_key", KERNELS)
+def test_gradients_match_the_recurrent_form(name, per_key):
+    q, k, v, lg = _case(11, per_key=per_key, length=9)
+    h0 = torch.randn(2, 2, 4, 3, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, lg, h0)]
+    ref = [x.clone().requires_grad_() for x in (q, k, v, lg, h0)]
+    fn, rec = getattr(gf, name), getattr(gf, ("gla" if per_key else "simple_gla") + "_recurrent")
+    w = torch.randn(2, 9, 2, 3, dtype=torch.float64)
+    o, s = fn(*leaves[:4], initial_state=leaves[4], output_final_state=True, chunk_size=4)
+    o_r, s_r = rec(*ref[:4], initial_state=ref[4], output_final_state=True)
+    ((o * w).sum() + s.sum()).backward()
+    ((o_r * w).sum() + s_r.sum()).backward()
+    for a, b in zip(leaves, ref):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_arguments_are_checked():
+    q, k, v, lg = _case(12, per_key=False, batch=1, length=6)
+    with pytest.raises(InvalidArgument, match=r"chunk_size=0 must be a positive int"):
+        gf.simple_gla_chunk(q, k, v, lg, chunk_size=0)
+    with pytest.raises(InvalidArgument, match=r"g.shape=\(1, 6, 2\); expected \(batch, T, heads, K\)"):
+        gf.gla_chunk(q, k, v, lg)
+    with pytest.raises(InvalidArgument, match=r"v.shape="):
+        gf.simple_gla_recurrent(q, k, v[:, :3], lg)
+    with pytest.raises(InvalidArgument, match=r"cu_seqlens=\[0, 4\].*T=6"):
+        gf.simple_gla_chunk(q, k, v, lg, cu_seqlens=torch.tensor([0, 4]))
+
+
+def test_kernel_specs():
+    names = {spec.name: spec for spec in gf.KERNELS}
+    assert set(names) == {f"intree.{name}" for name, _ in KERNELS}
+    for spec in gf.KERNELS:
+        caps = spec.capabilities
+        assert spec.family is (Family.GLA if spec.name.startswith("intree.gla") else Family.SIMPLE_GLA)
+        assert caps.initial_state and caps.final_state and caps.varlen and caps.autograd
+        assert caps.takes_chunk == ("chunk" in spec.name)
+        assert spec.unavailable_reason() is None
+        q, k, v, lg = _case(13, per_key=spec.family is Family.GLA, length=3)
+        o, _ = spec.callable()(q, k, v, lg)
+        assert o.shape == (2, 3, 2, 3)
