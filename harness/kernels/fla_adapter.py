@@ -17,8 +17,18 @@ backward):
   per-key-channel log-decay ``g`` of shape (B, T, H, K), here the constant ``log(gamma_h)`` on every channel.
   These serve the gated family once it exists; until then a constant decay makes them retention.
 
-The adapter builds every ``g`` from the declared (RetNet) convention in float64 and rounds it once to
-float32, hands fla fresh contiguous copies of q, k, v (differentiable: the gradient check drives fla's
+The same entry points, and fla's pure-PyTorch references, are also registered in the gated families of
+issue 14 (`Family.SIMPLE_GLA`, `Family.GLA`), in fla's own layout ``fn(q, k, v, g, scale=None,
+initial_state=None, output_final_state=False) -> (o, final_state)`` with ``chunk_size=`` (chunked forms) and
+``cu_seqlens=`` (variable-length forms): ``fla.simple_gla.{naive_recurrent, naive_chunk, chunk, fused_chunk,
+fused_recurrent, parallel}`` and ``fla.gla.{naive_recurrent, chunk, fused_chunk, fused_recurrent}``. There the
+log-decay g is the caller's (the harness draws it); each declares what it takes (``initial_state``,
+``final_state``, ``varlen``) and refuses the rest with a clear error; the initial state is handed over in
+float32, fla's state dtype. ``parallel_simple_gla`` takes no initial state and returns no final state;
+``naive_recurrent_gla`` always scales by K**-0.5 and takes no cu_seqlens; the references compute in float32.
+
+For the retention registrations the adapter builds every ``g`` from the declared (RetNet) convention in
+float64 and rounds it once to float32, hands fla fresh contiguous copies of q, k, v (differentiable: the gradient check drives fla's
 backward kernels through them) and returns o in the input dtype.
 
 TF32. fla's float32 ``tl.dot`` calls name no ``input_precision``, so on an sm_80+ GPU they run in TF32

@@ -1,16 +1,24 @@
-"""Adapters for mamba-ssm (``pip install mamba-ssm``, https://github.com/state-spaces/mamba): CUDA only.
+"""Adapters for mamba-ssm (``pip install mamba-ssm``, https://github.com/state-spaces/mamba).
 
-mamba-ssm builds a CUDA extension (``selective_scan_cuda``) at install time and imports it from
-``mamba_ssm.ops.selective_scan_interface``, so neither installs nor imports on a machine without CUDA;
-both kernels here then report the package missing or CUDA absent.
+mamba-ssm builds a CUDA extension (``selective_scan_cuda``) at install time; built without it
+(``MAMBA_SKIP_CUDA_BUILD=TRUE``: `make install-mamba-ssm`, or `make device-bundle`'s folder) its package
+``__init__`` cannot be imported (it imports the extension and the model classes), but its Triton kernels
+need none of that: they are imported with the package entered through its path
+(`harness.kernels.contract.import_skipping_init`; nothing installed is modified). On a machine without
+CUDA they run under the corrected Triton interpreter (`harness.kernels.triton_interpreter`; among its
+corrections ``cuda_device_none_noop`` and ``cuda_device_properties_h100``, for mamba-ssm's launchers,
+which enter ``torch.cuda.device(x.device.index)`` and size the SSD backward grid from the device's
+multiprocessor count); `import_triton_module` turns the interpreter on first and checks that every kernel
+of the module was interpreted.
 
-- ``mamba_ssm.selective_scan_fn``: ``selective_scan_fn(u, delta, A, B, C, D, z, delta_bias,
-  delta_softplus)`` *is* our selective_scan contract (same names, layouts and meaning): u, delta
-  (batch, dim, L); A (dim, N); B, C (batch, N, L) or grouped (batch, G, N, L); D, delta_bias (dim,);
-  z (batch, dim, L). The CUDA kernel takes inputs in float32, float16 or bfloat16 (no float64), ``A``,
-  ``D`` and ``delta_bias`` in float32 only (its ``TORCH_CHECK``s), and N <= 256. The adapter upcasts A, D
-  and delta_bias to float32 (exact from any of the three input dtypes) and passes the rest as given, as
-  ``mamba_ssm.modules.mamba_simple.Mamba`` does (``A = -exp(A_log.float())``).
+selective_scan family:
+
+- ``mamba_ssm.selective_scan_fn`` (CUDA only): ``selective_scan_fn(u, delta, A, B, C, D, z, delta_bias,
+  delta_softplus)`` *is* our selective_scan contract (same names, layouts and meaning). The CUDA kernel takes
+  inputs in float32, float16 or bfloat16 (no float64), ``A``, ``D`` and ``delta_bias`` in float32 only (its
+  ``TORCH_CHECK``s), and N <= 256. The adapter upcasts A, D and delta_bias to float32 (exact from any of the
+  three input dtypes) and passes the rest as given, as ``mamba_ssm.modules.mamba_simple.Mamba`` does.
+  Unavailable, with the reason, where the extension was not built.
 - ``mamba_ssm.selective_state_update``: the Triton single-step kernel
   ``mamba_ssm.ops.triton.selective_state_update.selective_state_update(state, x, dt, A, B, C, D, z,
   dt_bias, dt_softplus)``, called once per step by the adapter on a zero state that the adapter owns
@@ -21,20 +29,28 @@ both kernels here then report the package missing or CUDA absent.
   passes zeros (float32), never None: mamba-ssm 2.x launches the kernel with
   ``*(dt_bias.stride(0), dt_bias.stride(1)) if dt_bias is not None else 0``, which unpacks ``0`` and
   raises TypeError for None (the same for D). Adding a zero bias and a zero skip is exact, so the
-  kernel computes the same function as without them.
+  kernel computes the same function as without them. Its float32 softplus is ``log(exp(dt) + 1)``
+  (``ops/triton/softplus.py`` on Triton >= 3), not ``log1p``: found divergent in float32 with
+  ``delta_softplus`` (docs/adapters.md; tests/test_adapters.py shows the finding goes with an accurate
+  softplus).
 
-Where mamba-ssm is built without its CUDA extension (``MAMBA_SKIP_CUDA_BUILD=TRUE``, as ``make
-device-bundle`` builds it for a machine with no network), its package ``__init__`` cannot be imported
-(it imports ``selective_scan_cuda`` and the model classes), but its Triton kernels need none of that:
-``selective_state_update`` is then imported with the package entered through its path
-(`harness.kernels.contract.import_skipping_init`; nothing installed is modified), and
-``selective_scan_fn`` is unavailable with the reason that the extension was not built.
+ssd family (Mamba-2), in mamba-ssm's layout ``fn(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+dt_softplus=False, initial_states=None, seq_idx=None, return_final_states=False)``: x (batch, T, heads, P),
+dt (batch, T, heads), A (heads,), B, C (batch, T, groups, N):
 
-Left out, with the reason in docs/adapters.md: ``mamba_chunk_scan_combined`` (Mamba-2's SSD). It takes
-a scalar ``A`` per head (shape (nheads,)) and a ``dt`` per head, whereas this family's A is one value
-per (channel, state) pair and delta one per channel; it computes a different (restricted) recurrence,
-and fitting it here would need a family of its own (x (B, L, H, P), dt (B, L, H), A (H,), B, C
-(B, L, G, N)).
+- ``mamba_ssm.mamba_chunk_scan_combined`` (and ``.ieee``): the Triton forward and backward kernels of
+  ``ops/triton/ssd_combined.py``, given everything as is (dt bias, softplus, grouping, ``seq_idx`` and the
+  initial/final states are the kernel's); seq_idx handed over as int32 (mamba-ssm's dtype). Its float32
+  ``tl.dot`` calls name no ``input_precision``: TF32 on sm_80+ GPUs and in the interpreter, so float32 is
+  declared ``tf32_rz``; the ``.ieee`` twin runs forward and backward with ieee dots
+  (`triton_interpreter.call_in_dot_precision`).
+- ``mamba_ssm.ssd_chunk_scan_combined_ref``: mamba-ssm's pure-PyTorch chunked reference (``chunk_state_ref``,
+  ``state_passing_ref``, ``chunk_scan_ref``): no initial states, seq_idx or final states; lengths a multiple of
+  the chunk.
+- ``mamba_ssm.ssd_minimal_discrete``: Listing 1 of the Mamba-2 paper (``modules/ssd_minimal.py``), pure
+  PyTorch in the input dtype. It takes the discretized ``X = x dt`` and ``A dt`` and B, C per head, so the
+  adapter forms those (one rounding each, in the input dtype) and repeats the groups; no D, z, dt_bias,
+  softplus or seq_idx (``selective_options=False``), no dt clamp, lengths a multiple of the chunk.
 """
 
 from __future__ import annotations
