@@ -426,6 +426,71 @@ def test_gradients_match_definition(name: str) -> None:
         assert err <= 10 * rtol, f"{name}: gradient of {key} off by {err:.3g} (normwise)"
 
 
+@pytest.mark.parametrize("name", [s.name for s in SPECS if s.family in (Family.SIMPLE_GLA, Family.GLA)
+                                  and declares(s, "varlen") and not s.name.endswith(".ieee")])
+def test_gated_kernels_reset_the_state_at_cu_seqlens(name: str) -> None:
+    """Variable-length batches (fla's cu_seqlens): three sequences packed in one row, boundaries at no chunk
+    multiple, each from its own initial state where the kernel takes one; output and final states against the
+    oracle. The same call without cu_seqlens (state carried across the boundaries) is far off: the check sees it."""
+    spec = BY_NAME[name]
+    fn = loaded(spec)
+    gen = torch.Generator().manual_seed(7)
+    length, heads, hd, cu = 33, 2, 16, torch.tensor([0, 7, 20, 33])
+    r = lambda *shape: torch.randn(*shape, generator=gen, dtype=F64)  # noqa: E731
+    g_shape = (1, length, heads) if spec.family is Family.SIMPLE_GLA else (1, length, heads, hd)
+    x = {"q": r(1, length, heads, hd), "k": r(1, length, heads, hd), "v": r(1, length, heads, hd),
+         "g": -torch.rand(*g_shape, generator=gen, dtype=F64) * 0.2}
+    h0 = r(3, heads, hd, hd) if declares(spec, "initial_state") else None
+    final = declares(spec, "final_state")
+    cast = {k: v.float() for k, v in x.items()}
+    o64, state64 = ORACLE_GATED[spec.family](*(v.double() for v in cast.values()), initial_state=h0,
+                                             output_final_state=True, cu_seqlens=cu)
+    h0c = None if h0 is None else h0.float()
+    o, state = fn(*cast.values(), initial_state=h0c, output_final_state=final, cu_seqlens=cu)
+    rtol = tolerance(name, "float32")
+    assert normwise_error(o, o64) <= rtol, normwise_error(o, o64)
+    if final:
+        assert state.shape == state64.shape and normwise_error(state, state64) <= rtol
+    leaked, _ = fn(*cast.values(), initial_state=None if h0c is None else h0c[:1], output_final_state=False)
+    assert normwise_error(leaked, o64) > 10 * rtol
+
+
+@pytest.mark.parametrize(("name", "kwargs", "match"), [
+    ("fla.simple_gla.parallel", {"initial_state": "state"}, "initial_state was given, but fla.simple_gla.parallel"),
+    ("fla.simple_gla.parallel", {"output_final_state": True}, "output_final_state=True was given"),
+    ("fla.simple_gla.naive_recurrent", {"cu_seqlens": torch.tensor([0, 4, 6])}, "cu_seqlens was given"),
+    ("fla.gla.naive_recurrent", {"scale": 0.5}, "scale=0.5: fla.gla.naive_recurrent always scales by K"),
+    ("fla.simple_gla.fused_recurrent", {"chunk": 4}, r"unexpected keyword arguments \['chunk'\]"),
+])
+def test_gated_adapters_refuse_what_the_kernel_does_not_take(name: str, kwargs: dict, match: str) -> None:
+    """A part of the contract the kernel does not declare is refused with the argument named, not dropped."""
+    spec = BY_NAME[name]
+    fn = loaded(spec)
+    q = torch.randn(1, 6, 1, 16)
+    g = -torch.rand(1, 6, 1) if spec.family is Family.SIMPLE_GLA else -torch.rand(1, 6, 1, 16)
+    if kwargs.get("initial_state") == "state":
+        kwargs = {"initial_state": torch.zeros(1, 1, 16, 16)}
+    with pytest.raises(InvalidArgument, match=match):
+        fn(q, q, q, g, **kwargs)
+
+
+def test_ssd_adapters_refuse_what_the_kernel_does_not_take(mamba_path) -> None:
+    if not triton_interpreter.runs_interpreted():
+        pytest.skip("CUDA is present: mamba-ssm's kernels run compiled (tests/test_cuda_path.py)")
+    minimal = mamba_ssm_adapter._load_ssd_minimal(path=mamba_path)
+    ref = mamba_ssm_adapter._load_chunk_scan_combined_ref(path=mamba_path)
+    x, dt, A = torch.randn(1, 8, 2, 4), torch.rand(1, 8, 2), -torch.rand(2)
+    B, C = torch.randn(1, 8, 1, 4), torch.randn(1, 8, 1, 4)
+    with pytest.raises(InvalidArgument, match="D was given, but ssd_minimal_discrete"):
+        minimal(x, dt, A, B, C, 4, D=torch.ones(2))
+    with pytest.raises(InvalidArgument, match="dt_softplus=True"):
+        minimal(x, dt, A, B, C, 4, dt_softplus=True)
+    with pytest.raises(InvalidArgument, match=r"does not take \['initial_states'\]"):
+        ref(x, dt, A, B, C, 4, initial_states=torch.zeros(1, 2, 4, 4))
+    y = minimal(x, dt, A, B, C, 4)  # what it does take runs
+    assert y.shape == x.shape
+
+
 # --------------------------------------------------------------------------- torchscale
 
 
@@ -678,7 +743,7 @@ def test_mamba_state_update_float32_softplus_is_mamba_ssm_s_own(mamba_path, monk
 def test_mamba_chunk_scan_combined_runs_interpreted(mamba_path) -> None:
     """Mamba-2's SSD (forward and backward Triton kernels) on the CPU, in mamba-ssm's layout, against the
     ssd oracle: grouped B/C, D, z, dt_bias with softplus, an initial state, a seq_idx boundary and the final
-    states, over two chunks and a partial third (float32 with ieee dots; bfloat16)."""
+    states, over two chunks and a partial third (float32 with ieee dots; bfloat16); then softplus with large dt."""
     ssd = ORACLE_SSD or pytest.skip("the ssd oracle (reference_impls.gated_decay) is not here")
     mod = _mamba_module("mamba_ssm.ops.triton.ssd_combined", mamba_path)
     gen = torch.Generator().manual_seed(5)
@@ -702,6 +767,12 @@ def test_mamba_chunk_scan_combined_runs_interpreted(mamba_path) -> None:
             with triton_interpreter.dot_input_precision(precision):
                 grads = torch.autograd.grad(y.sum(), list(cast.values()))
             assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    # softplus with large dt (25 +- 10: linear there; mamba-ssm's threshold is 20), float32 with ieee dots
+    big = {**args, "dt": 25 + 10 * args["dt"]}
+    y64 = ssd(*big.values(), 16, dt_softplus=True)
+    with triton_interpreter.dot_input_precision("ieee"):
+        y = mod.mamba_chunk_scan_combined(*(v.float() for v in big.values()), 16, dt_softplus=True)
+    assert normwise_error(y, y64) <= RTOL["float32"], normwise_error(y, y64)
 
 
 def test_torchmamba_unavailable_reason_names_python() -> None:

@@ -169,8 +169,8 @@ def _load_selective_state_update() -> Callable:
     return state_update_scan(mod.selective_state_update)
 
 
-def _load_chunk_scan_combined(precision: str | None = None) -> Callable:
-    fn = import_triton_module("mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
+def _load_chunk_scan_combined(precision: str | None = None, *, path: Sequence[str] | None = None) -> Callable:
+    fn = import_triton_module("mamba_ssm.ops.triton.ssd_combined", path=path).mamba_chunk_scan_combined
 
     def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
                                   initial_states=None, seq_idx=None, return_final_states=False):
@@ -187,8 +187,8 @@ def _load_chunk_scan_combined(precision: str | None = None) -> Callable:
     return mamba_chunk_scan_combined
 
 
-def _load_chunk_scan_combined_ref() -> Callable:
-    fn = import_triton_module("mamba_ssm.ops.triton.ssd_combined").ssd_chunk_scan_combined_ref
+def _load_chunk_scan_combined_ref(*, path: Sequence[str] | None = None) -> Callable:
+    fn = import_triton_module("mamba_ssm.ops.triton.ssd_combined", path=path).ssd_chunk_scan_combined_ref
 
     def ssd_chunk_scan_combined_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
                                     **unsupported):
@@ -200,8 +200,8 @@ def _load_chunk_scan_combined_ref() -> Callable:
     return ssd_chunk_scan_combined_ref
 
 
-def _load_ssd_minimal() -> Callable:
-    fn = import_triton_module("mamba_ssm.modules.ssd_minimal").ssd_minimal_discrete
+def _load_ssd_minimal(*, path: Sequence[str] | None = None) -> Callable:
+    fn = import_triton_module("mamba_ssm.modules.ssd_minimal", path=path).ssd_minimal_discrete
 
     def ssd_minimal_discrete(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
                              initial_states=None, return_final_states=False, **unsupported):
