@@ -775,6 +775,14 @@ def test_mamba_chunk_scan_combined_runs_interpreted(mamba_path) -> None:
     assert normwise_error(y, y64) <= RTOL["float32"], normwise_error(y, y64)
 
 
+def test_mamba_ssm_triton_kernels_say_how_to_get_them() -> None:
+    if importlib.util.find_spec("mamba_ssm") is not None or not triton_interpreter.runs_interpreted():
+        pytest.skip("mamba-ssm is installed here, or CUDA is present")
+    for name in ("mamba_ssm.selective_state_update", "mamba_ssm.mamba_chunk_scan_combined"):
+        reason = BY_NAME[name].unavailable_reason()
+        assert reason and "make install-mamba-ssm" in reason and "interpreter" in reason, reason
+
+
 def test_torchmamba_unavailable_reason_names_python() -> None:
     if sys.version_info >= (3, 12):
         pytest.skip("torchmamba may install on this Python")

@@ -155,6 +155,11 @@ def import_triton_module(module: str, *, path: Sequence[str] | None = None):
         try:
             mod = require_module(module, package=PACKAGE)
         except KernelUnavailable as exc:
+            if importlib.machinery.PathFinder.find_spec("mamba_ssm") is None:
+                raise KernelUnavailable(
+                    "mamba-ssm is not installed; on a machine without CUDA, `make install-mamba-ssm` builds it "
+                    "without its CUDA extension (MAMBA_SKIP_CUDA_BUILD=TRUE) and its Triton kernels then run here "
+                    "under the corrected Triton interpreter") from None
             mod = _import_without_package_init(module, None, exc.reason)
     triton_interpreter.require_interpreted("mamba_ssm")
     compiled = triton_interpreter.compiled_kernels_of(mod)
