@@ -691,7 +691,8 @@ def test_mamba_selective_state_update_runs_interpreted(mamba_path, grouped: bool
     gen = torch.Generator().manual_seed(4)
     batch, dim, n, length, groups = 2, 4, 4, 9, 2
     bc = (batch, groups, n, length) if grouped else (batch, n, length)
-    base = dict(u=torch.randn(batch, dim, length, generator=gen), delta=0.1 + torch.rand(batch, dim, length, generator=gen),
+    base = dict(u=torch.randn(batch, dim, length, generator=gen),
+                delta=0.1 + torch.rand(batch, dim, length, generator=gen),
                 A=-torch.rand(dim, n, generator=gen) - 0.1, B=torch.randn(bc, generator=gen),
                 C=torch.randn(bc, generator=gen), D=torch.randn(dim, generator=gen),
                 z=torch.randn(batch, dim, length, generator=gen), delta_bias=torch.randn(dim, generator=gen) * 0.1)

@@ -15,7 +15,7 @@ backward):
   data-independent ``g_gamma`` (H,);
 - ``fla.chunk_gla``, ``fla.fused_chunk_gla``, ``fla.fused_recurrent_gla`` (``fla.ops.gla``): given a
   per-key-channel log-decay ``g`` of shape (B, T, H, K), here the constant ``log(gamma_h)`` on every channel.
-  These serve the gated family once it exists; until then a constant decay makes them retention.
+  With a constant decay they are retention; the gated families register them again with the caller's g.
 
 The same entry points, and fla's pure-PyTorch references, are also registered in the gated families of
 issue 14 (`Family.SIMPLE_GLA`, `Family.GLA`), in fla's own layout ``fn(q, k, v, g, scale=None,
@@ -28,8 +28,8 @@ float32, fla's state dtype. ``parallel_simple_gla`` takes no initial state and r
 ``naive_recurrent_gla`` always scales by K**-0.5 and takes no cu_seqlens; the references compute in float32.
 
 For the retention registrations the adapter builds every ``g`` from the declared (RetNet) convention in
-float64 and rounds it once to float32, hands fla fresh contiguous copies of q, k, v (differentiable: the gradient check drives fla's
-backward kernels through them) and returns o in the input dtype.
+float64 and rounds it once to float32, hands fla fresh contiguous copies of q, k, v (differentiable: the
+gradient check drives fla's backward kernels through them) and returns o in the input dtype.
 
 TF32. fla's float32 ``tl.dot`` calls name no ``input_precision``, so on an sm_80+ GPU they run in TF32
 whatever torch's TF32 flags say (Triton's default). Every kernel with a ``tl.dot`` therefore declares
@@ -68,7 +68,7 @@ from typing import Callable
 
 import torch
 
-from harness.errors import KernelUnavailable
+from harness.errors import InvalidArgument, KernelUnavailable
 from harness.kernels import triton_interpreter
 from harness.kernels.contract import Capabilities, Family, KernelSpec, require_module, retnet_gammas
 
@@ -316,8 +316,6 @@ class _GatedEntry:
 
     def arguments(self, q, g, scale, initial_state, output_final_state, extra: dict) -> dict:
         """fla's keyword arguments for one call; a part of the contract the entry point lacks is refused."""
-        from harness.errors import InvalidArgument
-
         unknown = sorted(set(extra) - {"chunk_size", "cu_seqlens"})
         if unknown:
             raise InvalidArgument(f"fla.{self.name} got unexpected keyword arguments {unknown}; expected chunk_size "
@@ -399,17 +397,10 @@ def _gated_caps(entry: _GatedEntry, *, ieee: bool = False) -> Capabilities:
         computes_in=computes_in,
         matmuls=entry.dots,
         notes=notes,
-        **_contract_flags(entry),
+        initial_state=entry.initial_state,
+        final_state=entry.final_state,
+        varlen=entry.varlen,
     )
-
-
-def _contract_flags(entry: _GatedEntry) -> dict[str, bool]:
-    """The entry's ``initial_state``/``final_state``/``varlen`` declarations, for the `Capabilities` fields of
-    those names (issue 14's contract); the adapter refuses an undeclared part of the contract either way."""
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(Capabilities)}
-    return {flag: getattr(entry, flag) for flag in ("initial_state", "final_state", "varlen") if flag in fields}
 
 
 def _gated_spec(entry: _GatedEntry, *, ieee: bool = False) -> KernelSpec:

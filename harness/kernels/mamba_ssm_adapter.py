@@ -304,21 +304,12 @@ def _chunk_scan_spec(precision: str | None) -> KernelSpec:
             notes="Mamba-2's SSD, Triton forward and backward (mamba_ssm.ops.triton.ssd_combined); "
                   + ("float32 tl.dot run with input_precision ieee (TRITON_F32_DEFAULT=ieee)" if ieee else
                      f"float32: {_SSD_TF32}"),
-            **_contract_flags(initial_state=True, final_state=True, varlen=True),
+            initial_state=True, final_state=True, varlen=True,
         ),
         description="mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined (Triton)"
                     + (" with float32 dots in ieee" if ieee else ""),
         source=PACKAGE,
     )
-
-
-def _contract_flags(**flags: bool) -> dict[str, bool]:
-    """The ``initial_state``/``final_state``/``varlen`` declarations, for the `Capabilities` fields of those names
-    (issue 14's contract); the adapters refuse an undeclared part of the contract either way."""
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(Capabilities)}
-    return {k: v for k, v in flags.items() if k in fields}
 
 
 KERNELS: list[KernelSpec] = [
@@ -373,7 +364,7 @@ KERNELS: list[KernelSpec] = [
             notes="mamba-ssm's pure-PyTorch SSD reference (chunk_state_ref, state_passing_ref, chunk_scan_ref); "
                   "takes no initial states, seq_idx or final states; lengths a multiple of the chunk (chunk_scan_ref "
                   "asserts it)",
-            **_contract_flags(initial_state=False, final_state=False, varlen=False),
+            initial_state=False, final_state=False, varlen=False,
         ),
         description="mamba_ssm.ops.triton.ssd_combined.ssd_chunk_scan_combined_ref (PyTorch)",
         source=PACKAGE,
@@ -394,7 +385,7 @@ KERNELS: list[KernelSpec] = [
                   "takes the discretized X = x dt and A dt (formed by the adapter in the input dtype), B and C per "
                   "head (groups repeated), lengths a multiple of the chunk; no D, z, dt_bias, softplus or seq_idx; "
                   "and no dt_limit: a negative dt is used as given, where mamba_chunk_scan_combined clamps it to 0",
-            **_contract_flags(initial_state=True, final_state=True, varlen=False),
+            initial_state=True, final_state=True, varlen=False,
         ),
         description="mamba_ssm.modules.ssd_minimal.ssd_minimal_discrete (PyTorch)",
         source=PACKAGE,
