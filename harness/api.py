@@ -28,8 +28,11 @@ SHRINK_DEADLINE_S: float = 120.0
 def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | str | None,
                      name: str | None = None, capabilities: Capabilities | None = None) -> KernelSpec:
     """A `KernelSpec` for a user kernel: a callable, a ``module:attr`` / ``file.py:attr`` target, or a spec."""
+    from harness.kernels import registry
     from harness.kernels.registry import resolve_target
 
+    if isinstance(target, str) and ":" not in target and target in {s.name for s in registry.all_kernels()}:
+        return registry.get(target)  # a registered kernel by name, with its declared capabilities
     obj = resolve_target(target) if isinstance(target, str) else target
     if isinstance(obj, KernelSpec):
         return obj
@@ -152,7 +155,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     from harness.runner import RunOptions, run_case as _run_case
     from harness.settings import active_profile, limits, register_profiles
     from harness.strategies import problems
-    from harness.verdict import Policy, format_failure as _format_failure, judge
+    from harness.verdict import Judgement, Policy, Verdict, format_failure as _format_failure, judge
 
     register_profiles()
     validate_limits(max_examples=max_examples, max_length=max_length, dtypes=dtypes)
@@ -192,7 +195,10 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             import shlex
 
             replay = f"harness replay {shlex.quote(str(where))} --kernel {shlex.quote(target)}"
-        return DivergenceError(format_failure(record, judge(record, options.policy), replay=replay))
+        judgement = judge(record, options.policy)
+        if judgement.verdict.value != record["verdict"]:  # a second target (the final state) judged the case
+            judgement = Judgement(Verdict(record["verdict"]), record["why"], "final_state")
+        return DivergenceError(format_failure(record, judgement, replay=replay))
 
     @settings(settings.get_profile(profile), max_examples=examples)
     @given(problems(spec, dtypes=dtypes, device=device, max_length=max_length, profile=profile))

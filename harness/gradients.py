@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from harness import dtypes
+from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
@@ -42,30 +42,14 @@ from harness.runner import RunOptions, call_args, output_shape, reference_trace,
 from harness.verdict import judge
 from reference_impls.trace import Trace
 
-#: Inputs that are differentiated, per family (the rest are flags or integer-valued).
-GRAD_INPUTS: dict[Family, tuple[str, ...]] = {
-    Family.LINEAR_SCAN: ("a", "b"),
-    Family.SELECTIVE_SCAN: ("u", "delta", "A", "B", "C", "D", "z", "delta_bias"),
-    Family.RETENTION: ("q", "k", "v"),
-    Family.RETENTION_NORMED: ("q", "k", "v"),
-}
+#: Inputs that are differentiated, per family (each family's ``grad_inputs``).
+GRAD_INPUTS: dict[Family, tuple[str, ...]] = {Family.parse(n): families.get(n).grad_inputs for n in families.MODULES}
 
 
 def _oracle_output(problem: Problem, x: dict[str, torch.Tensor], convention: RetentionConvention,
                    ) -> torch.Tensor:
     """The oracle's definition, differentiable (`reference_impls.autograd`), in the dtype of ``x``."""
-    from reference_impls import autograd as ad
-
-    fam = problem.family
-    if fam is Family.LINEAR_SCAN:
-        return ad.linear_recurrence(x["a"], x["b"])
-    if fam is Family.SELECTIVE_SCAN:
-        return ad.selective_scan(x["u"], x["delta"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"),
-                                 delta_bias=x.get("delta_bias"), delta_softplus=problem.delta_softplus)
-    gamma, scale = list(convention.gammas(problem.heads)), convention.scale(problem.dk)
-    if fam is Family.RETENTION:
-        return ad.retention(x["q"], x["k"], x["v"], gamma, scale)
-    return ad.retention_normed(x["q"], x["k"], x["v"], problem.eps, gamma, scale)
+    return problem.definition.differentiable(problem, x, convention)
 
 
 class ForwardRaised(Exception):
@@ -108,7 +92,8 @@ def _kernel_vjp(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tens
 
         def kernel(x):
             args, kwargs = call_args(problem, x, spec)
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            return out[0] if isinstance(out, (tuple, list)) and out else out  # (output, final state)
 
         try:
             return Outcome.OK, _vjp(kernel, inputs, names, cot), False
@@ -174,23 +159,7 @@ def term_scale(problem: Problem, x: dict[str, torch.Tensor], cot: torch.Tensor, 
     cancellation leaves as rounding where an exact gradient is 0 (y = sign(o) at dv = 1, eps = 0: terms of
     size ``|g| |q_6| |v| / r`` for an input k_6 = 0 beside q_6 = 3e9).
     """
-    from reference_impls import autograd as ad
-
-    fam = problem.family
-    ax = {k: v.abs() for k, v in x.items()}
-    if fam is Family.LINEAR_SCAN:
-        return _vjp(lambda v: ad.linear_recurrence(v["a"], v["b"]), ax, names, cot.abs())
-    if fam not in (Family.RETENTION, Family.RETENTION_NORMED):
-        return None
-    gamma = [abs(gm) for gm in convention.gammas(problem.heads)]
-    scale = abs(convention.scale(problem.dk))
-    c = cot.abs()
-    if fam is Family.RETENTION_NORMED:
-        o = ad.retention(x["q"], x["k"], x["v"], list(convention.gammas(problem.heads)), convention.scale(problem.dk))
-        dv = o.shape[-1]
-        r = torch.sqrt((o * o).sum(-1, keepdim=True) / dv + problem.eps)
-        c = c / r + o.abs() * (c * o.abs()).sum(-1, keepdim=True) / (dv * r ** 3)
-    return _vjp(lambda v: ad.retention(v["q"], v["k"], v["v"], gamma, scale), ax, names, c)
+    return problem.definition.term_scale(problem, x, cot, names, convention, _vjp)
 
 
 def _gradient_trace(ref: torch.Tensor, n_terms: int, natural: torch.Tensor) -> Trace:
@@ -224,7 +193,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     if forward["verdict"] != "equivalent":
         return [] if given else [forward]
     inputs = problem.make_inputs()
-    names = tuple(n for n in GRAD_INPUTS[problem.family] if n in inputs)
+    names = tuple(n for n in problem.definition.grad_inputs if n in inputs)
     g = cotangent(problem, output_shape(problem))
     precision = spec.capabilities.precision(problem.dtype)
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage

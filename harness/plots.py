@@ -7,6 +7,8 @@
   a-priori rounding bound (cond = 1) as a dashed line;
 - ``plot_error_vs_eps.png``: retention_normed only: cond_max against the norm's eps, log x, with
   eps = 0 placed at a labelled left edge;
+- ``plot_error_vs_log_decay.png``: the gated families' ``uniform_decay`` cases: cond_max against the
+  decay strength (-decay_floor, log x), one line per kernel x chunk size x dtype (sweep ``gated_decay``);
 - ``plot_onset.png``: the first mismatched position (onset_t) against length, with the end of the
   sequence (t = L - 1) for reference;
 - ``case_<kernel>_<case>.png`` (`write_case_figures`, for failing cases, worst first, up to a limit): one
@@ -193,6 +195,37 @@ def plot_error_vs_eps(records: Sequence[Mapping[str, Any]], path: str | os.PathL
     return _save(fig, Path(path))
 
 
+# ---------------------------------------------------------------------------------- error vs log-decay
+def plot_error_vs_log_decay(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path | None:
+    """cond_max against the decay strength of the gated families' ``uniform_decay`` cases (-decay_floor,
+    the largest per-step |log-decay|, log x), one line per kernel x chunk size x dtype."""
+    recs = [r for r in _ordered(records)
+            if r.get("decay_floor") is not None and _num(r.get("decay_floor")) < 0 and _positive(r.get("cond_max"))
+            and math.isfinite(_num(r.get("cond_max")))]
+    if not recs:
+        return None
+    series: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in recs:
+        chunk = f" c={r.get('chunk_size')}" if r.get("chunk_size") is not None else ""
+        series.setdefault((f"{r.get('kernel')}{chunk}", str(r.get("dtype"))), []).append(r)
+    fig, ax = _new_figure()
+    handles, verdicts = _plot_cond_series(ax, series, lambda r: -_num(r.get("decay_floor")))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("decay strength: largest per-step |log-decay| (g uniform in [-x, 0])")
+    ax.set_ylabel("condition-normalized error (cond_max)")
+    worst = max(recs, key=lambda r: _num(r.get("cond_max")))
+    dropped = sum(1 for r in records if r.get("decay_floor") is not None and not (
+        _positive(r.get("cond_max")) and math.isfinite(_num(r.get("cond_max")))))
+    ax.set_title(f"gated decay: error against log-decay (worst {_num(worst.get('cond_max')):.3g}: {worst.get('kernel')} "
+                 f"{worst.get('dtype')} at {_num(worst.get('decay_floor')):g}"
+                 + (f"; {dropped} non-finite or error records not drawn)" if dropped else ")"),
+                 fontsize="medium", wrap=True)
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax, handles, verdicts)
+    return _save(fig, Path(path))
+
+
 # -------------------------------------------------------------------------------------------- onset
 def plot_onset(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path | None:
     """onset_t (the first mismatched position) against length; None when no record has an onset."""
@@ -277,7 +310,7 @@ def oracle_state_series(record: Mapping[str, Any]) -> tuple[Any, Any] | str:
     try:
         convention = registry.get(str(record.get("kernel"))).convention
     except HarnessError:
-        if problem.family.value.startswith("retention"):
+        if problem.definition.has_convention:
             return "the kernel is not registered here, so its retention convention is unknown"
         convention = RETNET  # scans have no convention
     inputs = problem.replace(device="cpu").make_inputs()
@@ -461,7 +494,8 @@ def write_plots(records: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike
         p = plot_error_vs_length(records, family, out / f"plot_error_vs_length_{_safe(family)}.png")
         if p is not None:
             written.append(p)
-    for p in (plot_error_vs_eps(records, out / "plot_error_vs_eps.png"), plot_onset(records, out / "plot_onset.png")):
+    for p in (plot_error_vs_eps(records, out / "plot_error_vs_eps.png"), plot_onset(records, out / "plot_onset.png"),
+              plot_error_vs_log_decay(records, out / "plot_error_vs_log_decay.png")):
         if p is not None:
             written.append(p)
     return sorted(written, key=lambda p: p.name)

@@ -23,27 +23,20 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from harness import dtypes
+from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
 from harness.kernels import isolation
 from harness.kernels.guard import call_guarded
 from harness.problems import Problem
 from harness.verdict import Judgement, Policy, Verdict, domain_kind, judge
 
-#: Order of the tensor arguments of each family's call.
-ARG_ORDER: dict[Family, tuple[str, ...]] = {
-    Family.LINEAR_SCAN: ("a", "b"),
-    Family.SELECTIVE_SCAN: ("u", "delta", "A", "B", "C", "D", "z", "delta_bias"),
-    Family.RETENTION: ("q", "k", "v"),
-    Family.RETENTION_NORMED: ("q", "k", "v"),
-}
+#: Order of the tensor arguments of each family's call (each family's ``arg_order``).
+ARG_ORDER: dict[Family, tuple[str, ...]] = {Family.parse(n): families.get(n).arg_order for n in families.MODULES}
 
 
 def output_shape(problem: Problem) -> tuple[int, ...]:
     """The shape the family's contract promises for ``problem``."""
-    if problem.family in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
-        return (problem.batch, problem.dim, problem.length)
-    return (problem.batch, problem.length, problem.heads, problem.dv)
+    return problem.definition.output_shape(problem)
 
 
 def call_args(problem: Problem, inputs: dict[str, torch.Tensor],
@@ -52,50 +45,37 @@ def call_args(problem: Problem, inputs: dict[str, torch.Tensor],
 
     ``chunk_size`` is passed only to kernels that take one (a pair of forms shares one problem).
     """
-    fam = problem.family
     kwargs = problem.call_kwargs()
     if spec is not None and not spec.capabilities.takes_chunk:
         kwargs.pop("chunk_size", None)
-    if fam is Family.SELECTIVE_SCAN:
-        args = tuple(inputs[n] for n in ("u", "delta", "A", "B", "C"))
-        for name in ("D", "z", "delta_bias"):
-            if name in inputs:
-                kwargs[name] = inputs[name]
-        return args, kwargs
-    args = tuple(inputs[n] for n in ARG_ORDER[fam])
-    if fam is Family.RETENTION_NORMED:
-        args = args + (problem.eps,)
-    return args, kwargs
+    return problem.definition.call_args(problem, inputs, kwargs)
 
 
 def reference_trace(problem: Problem, inputs: dict[str, torch.Tensor],
                     convention: RetentionConvention = RETNET):
     """The float64 oracle's `Trace` on the (already rounded) ``inputs``."""
     x = {k: v.detach().to(device="cpu", dtype=torch.float64) for k, v in inputs.items()}
-    fam = problem.family
-    if fam is Family.LINEAR_SCAN:
-        from reference_impls.linear_recurrence import linear_recurrence_trace
+    return problem.definition.trace(problem, x, convention)
 
-        return linear_recurrence_trace(x["a"], x["b"])
-    if fam is Family.SELECTIVE_SCAN:
-        from reference_impls.selective_scan import selective_scan_trace
 
-        return selective_scan_trace(x["u"], x["delta"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"),
-                                    delta_bias=x.get("delta_bias"), delta_softplus=problem.delta_softplus)
-    gamma = list(convention.gammas(problem.heads))
-    scale = convention.scale(problem.dk)
-    if fam is Family.RETENTION:
-        from reference_impls.retention import retention_trace
-
-        return retention_trace(x["q"], x["k"], x["v"], gamma=gamma, scale=scale)
-    from reference_impls.retention import retention_normed_trace
-
-    return retention_normed_trace(x["q"], x["k"], x["v"], problem.eps, gamma=gamma, scale=scale)
+def reference_traces(problem: Problem, inputs: dict[str, torch.Tensor],
+                     convention: RetentionConvention = RETNET) -> dict[str, Any]:
+    """The float64 oracle's `Trace` of each measured target (``"output"``, and ``"final_state"`` where the
+    problem asks for it) on the (already rounded) ``inputs``."""
+    x = {k: v.detach().to(device="cpu", dtype=torch.float64) for k, v in inputs.items()}
+    return problem.definition.traces(problem, x, convention)
 
 
 def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],
                     convention: RetentionConvention = RETNET) -> torch.Tensor | None:
     """The plain sequential loop in the kernel's dtype (None for float64, where it is the oracle)."""
+    found = baseline_outputs(problem, inputs, convention)
+    return None if found is None else found["output"]
+
+
+def baseline_outputs(problem: Problem, inputs: dict[str, torch.Tensor],
+                     convention: RetentionConvention = RETNET) -> dict[str, torch.Tensor | None] | None:
+    """The plain sequential loop's targets in the kernel's dtype (None for float64: it is the oracle)."""
     if problem.dtype == "float64":
         return None
     from harness.kernels.sequential import baseline_for
@@ -103,11 +83,9 @@ def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],
     fn = baseline_for(problem.family).callable()
     args, kwargs = call_args(problem, inputs)
     kwargs.pop("chunk_size", None)
-    if problem.family in (Family.RETENTION, Family.RETENTION_NORMED):
-        kwargs["gamma"] = list(convention.gammas(problem.heads))
-        kwargs["scale"] = convention.scale(problem.dk)
+    kwargs.update(problem.definition.baseline_kwargs(problem, convention))
     with torch.no_grad():
-        return fn(*args, **kwargs)
+        return problem.definition.split_output(problem, fn(*args, **kwargs))
 
 
 @contextlib.contextmanager
@@ -177,7 +155,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     timings["t_inputs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    trace = reference_trace(problem, inputs, spec.convention)
+    traces = reference_traces(problem, inputs, spec.convention)
+    trace = traces["output"]
     timings["t_oracle"] = time.perf_counter() - t0
 
     record: dict[str, Any] = {"kernel": spec.name, "family": problem.family.value, "case": problem.key}
@@ -210,15 +189,17 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
             store.append(record)
         return record
 
+    outputs = problem.definition.split_output(problem, (result.output, *result.extras))
     precision = spec.capabilities.precision(problem.dtype)
     record["precision"] = precision
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
     t0 = time.perf_counter()
     try:
-        baseline = baseline_output(problem.replace(dtype=storage),
-                                   {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
+        baselines = baseline_outputs(problem.replace(dtype=storage),
+                                     {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
     except Exception as exc:  # noqa: BLE001 - a baseline failure must not lose the kernel's measurement
-        baseline, record["baseline_error"] = None, f"{type(exc).__name__}: {exc}"
+        baselines, record["baseline_error"] = None, f"{type(exc).__name__}: {exc}"
+    baseline = None if baselines is None else baselines["output"]
     timings["t_baseline"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -226,13 +207,17 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
                   tf32=problem.tf32, cond_threshold=options.policy.cond_threshold,
                   function_room=problem.function_room)
     judgement = judge(div, options.policy)
-    timings["t_measure"] = time.perf_counter() - t0
     record.update({k: v for k, v in div.to_dict().items() if k not in record})
+    if "final_state" in traces:
+        judgement = _final_state(problem, traces["final_state"], outputs.get("final_state"),
+                                 None if baselines is None else baselines.get("final_state"),
+                                 precision, options, record, judgement)
+    timings["t_measure"] = time.perf_counter() - t0
 
     cause = {Verdict.EQUIVALENT: "rounding", Verdict.DIVERGENT: "kernel_bug",
              Verdict.OUT_OF_DOMAIN: domain_kind(div)}.get(judgement.verdict, "kernel_error")
     if (judgement.verdict is Verdict.DIVERGENT and options.eps_counterfactual
-            and problem.family is Family.RETENTION_NORMED and problem.eps):
+            and problem.definition.takes_eps and problem.eps):
         t0 = time.perf_counter()
         zero = run_case(spec, problem.replace(eps=0.0),
                         RunOptions(options.policy, options.timeout_s, check_determinism=False,
@@ -257,6 +242,37 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     return record
 
 
+#: Verdicts from the worst down: the record of a case with several targets takes the worst.
+SEVERITY = (Verdict.KERNEL_ERROR, Verdict.DIVERGENT, Verdict.OUT_OF_DOMAIN, Verdict.EQUIVALENT)
+
+
+def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: torch.Tensor | None,
+                 precision: str, options: RunOptions, record: dict[str, Any], judgement: Judgement) -> Judgement:
+    """Measure the final state (the second target of a gated case) and record it as ``final_state_*``;
+    return the record's judgement: the output's, or the final state's where that one is worse (its why
+    then says so). A final state that is missing or of the wrong shape is a kernel error."""
+    from harness.metrics import measure
+
+    want = tuple(trace.out.shape)
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != want:
+        what = "no final state" if not isinstance(got, torch.Tensor) else f"a final state of shape {tuple(got.shape)}"
+        state = judge({}, options.policy, kernel_error=f"returned {what}, expected shape {want}")
+    else:
+        div = measure(got, trace, dtype=precision, baseline=baseline, length_axis=0, tf32=problem.tf32,
+                      cond_threshold=options.policy.cond_threshold, function_room=problem.function_room,
+                      element_axes_names=("sequence", "head", "k", "v"))
+        state = judge(div, options.policy)
+        found = div.to_dict()
+        for key in ("cond_max", "max_abs", "max_rel", "ulp_max"):
+            if key in found:
+                record[f"final_state_{key}"] = found[key]
+    record["final_state_verdict"] = state.verdict.value
+    record["final_state_why"] = state.why
+    if SEVERITY.index(state.verdict) < SEVERITY.index(judgement.verdict):
+        return Judgement(state.verdict, f"final state: {state.why}", state.rule)
+    return judgement
+
+
 def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
                               options: RunOptions, kernel_fn: Callable | None, record: dict[str, Any],
                               judgement: Judgement, precision: str) -> tuple[str, Judgement]:
@@ -279,6 +295,9 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     ratio = record.get("baseline_ratio")
     factor = (f"; it errs {ratio:.3g}x the {precision} sequential loop"
               if isinstance(ratio, float) and ratio == ratio else "")
+    if record.get("n_kernel_nonfinite"):  # NaN/Inf where the oracle is finite and in range: a range loss
+        factor = (f"; its NaN/Inf come from its own intermediates leaving {precision}'s range (an overflow of "
+                  f"the form, not of the inputs: the exact state and output are in range)")
     why = (f"{judgement.why}; precision loss: the same inputs in float64 are equivalent "
            f"(cond_max {again.get('cond_max'):.3g}){factor}")
     return "precision_loss", Judgement(judgement.verdict, why, judgement.rule)

@@ -15,9 +15,10 @@ import math
 
 from hypothesis import strategies as st
 
+from harness import families
 from harness.errors import InvalidArgument
-from harness.kernels.contract import Family, KernelSpec, Lengths
-from harness.problems import REGIMES, Problem, data_scale
+from harness.kernels.contract import KernelSpec, Lengths
+from harness.problems import Problem
 from harness.settings import limits as profile_limits
 
 #: Lengths worth trying first: small values, powers of two and their neighbours, primes.
@@ -57,30 +58,12 @@ def chunk_sizes(length: int, allowed: tuple[int, ...]) -> st.SearchStrategy[int]
     return st.one_of(st.sampled_from(options), st.integers(1, max(1, length + 2)))
 
 
-def _element_bounds(family: Family, regime: str, dtype: str, name: str, softplus: bool) -> tuple[float, float]:
-    s = data_scale(regime, dtype, family)
-    if family is Family.LINEAR_SCAN and name == "a":
-        return (-2.0, 2.0) if regime == "unstable" else (0.0, 1.0)
-    if family is Family.SELECTIVE_SCAN:
-        if name == "delta":
-            return (-2.0, 2.0) if regime == "unstable" or softplus else (0.0, 1.0)
-        if name == "A":
-            return (-2.0, 2.0) if regime == "unstable" else (-4.0, 0.0)
-        if name == "D":
-            return (-2.0 * s * s, 2.0 * s * s)
-        if name == "delta_bias" and regime != "unstable" and not softplus:
-            return (0.0, 1.0)  # delta + bias >= 0: every decay at or below 1 (`harness.problems`)
-        if name in ("z", "delta_bias"):
-            return (-2.0, 2.0)
-    return (-2.0 * s, 2.0 * s)
-
-
 @st.composite
 def explicit_values(draw, problem: Problem) -> dict[str, list[float]]:
     """Element values for a small problem, each input inside its regime's range."""
     out = {}
     for name, shape in problem.shapes().items():
-        lo, hi = _element_bounds(problem.family, problem.regime, problem.dtype, name, problem.delta_softplus)
+        lo, hi = problem.definition.element_bounds(problem, name)
         elem = st.floats(lo, hi, allow_nan=False, allow_infinity=False, allow_subnormal=False)
         out[name] = draw(st.lists(elem, min_size=math.prod(shape), max_size=math.prod(shape)))
     return out
@@ -97,7 +80,8 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
     ok_dtypes = [d for d in (dtypes or caps.dtypes) if caps.runs(d, device) is None]
     if not ok_dtypes:
         raise InvalidArgument(f"kernel {spec.name!r} runs none of dtypes={dtypes or caps.dtypes!r} on {device!r}")
-    ok_regimes = [r for r in (regimes or REGIMES[fam]) if r in REGIMES[fam]]
+    applies = families.get(fam).regimes
+    ok_regimes = [r for r in (regimes or applies) if r in applies]
     if not ok_regimes:
         raise InvalidArgument(f"regimes={regimes!r} has none that applies to family {fam.value}")
     top = max_length or lim.max_length
@@ -123,33 +107,7 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
             chunk = draw(chunk_sizes(length, caps.chunk_sizes))
     fields: dict = dict(family=fam, length=length, dtype=dtype, device=device, regime=regime, chunk_size=chunk,
                         batch=draw(st.integers(1, lim.max_batch)), seed=draw(st.integers(0, 2**31 - 1)))
-    grouped = fam is Family.SELECTIVE_SCAN and caps.grouped_bc and draw(st.booleans())
-    if grouped:
-        # dim = G * (channels per group): every G with 2 or more channels per group tells the right
-        # channel-to-group map (d // (dim/G)) from a wrong one (d % G); both factors shrink to 1
-        fields["groups"] = draw(st.integers(1, max(1, lim.max_dim // 2)))
-        fields["dim"] = fields["groups"] * draw(st.integers(1, max(1, lim.max_dim // fields["groups"])))
-    elif fam in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
-        fields["dim"] = draw(st.integers(1, lim.max_dim))
-    if fam is Family.SELECTIVE_SCAN:
-        max_n = min(lim.max_state, caps.max_state or lim.max_state)
-        fields["state"] = draw(st.integers(1, max_n))
-        if caps.selective_options:
-            for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):
-                fields[flag] = draw(st.booleans())
-            if regime == "unstable":  # the seed's form: raw delta, no softplus
-                fields["delta_softplus"] = False
-    if fam in (Family.RETENTION, Family.RETENTION_NORMED):
-        fields["heads"] = draw(st.integers(1, lim.max_heads))
-        if caps.head_dims:
-            fields["dk"] = draw(st.sampled_from(caps.head_dims))
-            fields["dv"] = draw(st.sampled_from(caps.head_dims))
-        else:
-            top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
-            fields["dk"] = draw(st.integers(1, top_d))
-            fields["dv"] = draw(st.integers(1, top_d))
-    if fam is Family.RETENTION_NORMED:
-        fields["eps"] = draw(st.sampled_from(caps.eps_values) if caps.eps_values else epsilons())
+    fields.update(families.get(fam).draw_fields(draw, caps, lim, regime, fields))
     problem = Problem(**fields)
     if want_values and regime not in ("ramp",) and problem.n_elements() <= EXPLICIT_MAX_ELEMENTS:
         problem = problem.replace(values=draw(explicit_values(problem)), seed=0)

@@ -82,3 +82,63 @@ def retention_normed(q, k, v, eps: float, gamma, scale: float) -> torch.Tensor:
     o = retention(q, k, v, gamma, scale)
     denom = torch.sqrt(_left_to_right_sum(o * o, -1) / o.shape[-1] + eps)[..., None]
     return o / denom
+
+
+def gla(q, k, v, g, initial_state=None, cu_seqlens: Sequence[int] | None = None, scale: float | None = None):
+    """GLA (fla's layout; `reference_impls.gated_decay.gla`): ``S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t``,
+    ``o_t = scale q_t S_t``; g (batch, T, heads, K) or, for simple GLA, (batch, T, heads). Returns
+    ``(o, final_state)``; with ``cu_seqlens`` (batch 1) the state restarts at each boundary from that
+    sequence's initial state."""
+    batch, length, heads, dk = q.shape
+    scale = dk**-0.5 if scale is None else scale
+    g4 = g if g.dim() == 4 else g[..., None]
+    bounds = [0, length] if cu_seqlens is None else list(cu_seqlens)
+    outs, finals = [], []
+    for i, (t0, t1) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if initial_state is not None:
+            S = initial_state if cu_seqlens is None else initial_state[i:i + 1]
+        else:
+            S = torch.zeros((batch, heads, dk, v.shape[-1]), dtype=q.dtype)
+        for t in range(t0, t1):
+            S = torch.exp(g4[:, t])[..., None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+            outs.append(_left_to_right_sum(q[:, t, :, :, None] * S, -2) * scale)
+        finals.append(S)
+    return torch.stack(outs, 1), torch.cat(finals)
+
+
+def simple_gla(q, k, v, g, initial_state=None, cu_seqlens: Sequence[int] | None = None, scale: float | None = None):
+    """Simple GLA: `gla` with one log-decay per head, g (batch, T, heads)."""
+    return gla(q, k, v, g, initial_state, cu_seqlens, scale)
+
+
+def ssd(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, initial_states=None,
+        cu_seqlens: Sequence[int] | None = None):
+    """Mamba-2's SSD (mamba-ssm's layout; `reference_impls.gated_decay.ssd`) on the same loop as `gla`:
+    ``g = dt' A``, ``k = B``, ``v = dt' x``, ``q = C`` (head h reads group h // (heads // groups)), scale 1,
+    the state h (P, N) = S^T; every row restarts from zeros at the ``cu_seqlens`` boundaries (seq_idx)."""
+    batch, length, heads, _ = x.shape
+    groups = B.shape[2]
+    if dt_bias is not None:
+        dt = dt + dt_bias
+    if dt_softplus:
+        dt = F.softplus(dt, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
+    dt = dt.clamp(min=0.0)
+    g = (dt * A)[..., None]
+    k = B.repeat_interleave(heads // groups, dim=2)
+    q = C.repeat_interleave(heads // groups, dim=2)
+    v = dt[..., None] * x
+    S = (torch.zeros((batch, heads, B.shape[-1], x.shape[-1]), dtype=x.dtype) if initial_states is None
+         else initial_states.transpose(-1, -2))
+    starts = set(cu_seqlens[1:-1]) if cu_seqlens is not None else set()
+    outs = []
+    for t in range(length):
+        if t in starts:
+            S = torch.zeros_like(S)
+        S = torch.exp(g[:, t])[..., None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+        outs.append(_left_to_right_sum(q[:, t, :, :, None] * S, -2))
+    y = torch.stack(outs, 1)
+    if D is not None:
+        y = y + x * (D[:, None] if D.dim() == 1 else D)
+    if z is not None:
+        y = y * F.silu(z)
+    return y

@@ -24,12 +24,19 @@ from harness.settings import limits
 from harness.strategies import problems
 from harness.verdict import Judgement, Verdict, format_failure
 
+#: In-tree kernels that are divergent by design where the search goes, and why (strict: the search must find it).
+DIVERGENT_BY_DESIGN = {
+    name: "exp(-cumsum) overflows under strong decay: 0 * inf = NaN where the exact output is small (issue 14)"
+    for name in ("intree.simple_gla_chunk_cumprod", "intree.gla_chunk_cumprod")
+}
 CASES_DIR = Path(os.environ.get("HARNESS_CASES_DIR", COUNTEREXAMPLES_DIR))
 
 
 def _kernel_params():
     for spec in all_kernels():
         marks = [pytest.mark.thirdparty] if spec.source != "intree" else []
+        if spec.name in DIVERGENT_BY_DESIGN:
+            marks.append(pytest.mark.xfail(strict=True, raises=DivergenceError, reason=DIVERGENT_BY_DESIGN[spec.name]))
         yield pytest.param(spec, id=spec.name, marks=marks)
 
 
@@ -53,8 +60,10 @@ def test_kernel_matches_oracle(spec, harness_recorder, harness_policy):
         if isinstance(cond, float) and cond == cond and cond != float("inf"):
             target(cond, label="cond_max")
         if record["verdict"] in FAILING_VERDICTS:
-            path = save_counterexample(record, problem, directory=CASES_DIR)
             judgement = Judgement(Verdict(record["verdict"]), record["why"])
+            if spec.name in DIVERGENT_BY_DESIGN:  # expected: nothing to save for replay
+                raise DivergenceError(format_failure(record, judgement, replay=record["replay"]))
+            path = save_counterexample(record, problem, directory=CASES_DIR)
             raise DivergenceError(format_failure(record, judgement, replay=f"harness replay {path}"))
 
     key_search(search, spec, None)  # one database key per kernel; ci draws seeded from the kernel, as in check

@@ -223,11 +223,14 @@ class KernelSpec:
 
     @property
     def uses_matmuls(self) -> bool:
-        """``capabilities.matmuls`` when declared; otherwise True for the retention families (q k^T and
-        scores v are matmuls in every form) and False for the scans (elementwise recurrences)."""
+        """``capabilities.matmuls`` when declared; otherwise the family's default (`harness.families`: True
+        for the retention families, whose q k^T and scores v are matmuls in every form; False for the
+        scans, elementwise recurrences)."""
         if self.capabilities.matmuls is not None:
             return self.capabilities.matmuls
-        return self.family in (Family.RETENTION, Family.RETENTION_NORMED)
+        from harness import families
+
+        return families.get(self.family).uses_matmuls
 
     def unavailable_reason(self) -> str | None:
         """None when the kernel loads here, else the reason (cached per process)."""

@@ -45,6 +45,8 @@ class CallResult:
     message: str = ""
     seconds: float = 0.0
     note: str = ""  # about where it ran, e.g. a worker replaced after the kernel leaked a thread
+    #: what the kernel returned after its output, when it returned a tuple (a final state, ...)
+    extras: tuple = ()
 
     @property
     def ok(self) -> bool:
@@ -132,7 +134,10 @@ def execute(fn: Callable, args: tuple, kwargs: dict[str, Any], timeout_s: float 
         return isolation.run(worker, "call", args, kwargs, grad=torch.is_grad_enabled(), timeout_s=timeout_s)
     status, value = _run_with_timeout(lambda: fn(*args, **kwargs), timeout_s)
     if status == "ok" and not isinstance(value, torch.Tensor):
-        return "value", type(value).__name__, ""
+        out = isolation.kernel_outputs(value)  # (output, final state, ...): kept whole
+        if out is None:
+            return "value", type(value).__name__, ""
+        value = tuple(value)
     return status, value, ""
 
 
@@ -171,6 +176,9 @@ def call_guarded(
     if status == "value":
         return CallResult(Outcome.NOT_A_TENSOR, None,
                           f"returned {value}, expected a torch.Tensor of shape {expected_shape}", seconds, note)
+    extras: tuple = ()
+    if isinstance(value, tuple):  # (output, final state, ...): the contract checks are the output's
+        value, extras = value[0], tuple(value[1:])
     if tuple(value.shape) != tuple(expected_shape):
         return CallResult(Outcome.WRONG_SHAPE, None,
                           f"returned shape {tuple(value.shape)}, expected {tuple(expected_shape)}", seconds, note)
@@ -188,8 +196,10 @@ def call_guarded(
                               f"{timeout_s:g} s", seconds, note)
         if status2 == "crashed":
             return CallResult(Outcome.CRASHED, None, f"the second call (determinism check): {value2}", seconds, note)
+        if isinstance(value2, tuple):
+            value2 = value2[0]
         if status2 == "ok" and isinstance(value2, torch.Tensor) and not _same(value.detach(), value2.detach()):
             diff = (value.double() - value2.double()).abs().nan_to_num(nan=float("inf")).max().item()
             return CallResult(Outcome.NONDETERMINISTIC, value,
                               f"two calls on the same inputs differ (max |difference| {diff:.3g})", seconds, note)
-    return CallResult(Outcome.OK, value, "", seconds, note)
+    return CallResult(Outcome.OK, value, "", seconds, note, extras)

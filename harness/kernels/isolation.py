@@ -328,8 +328,8 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
             if op == "call":
                 with torch.set_grad_enabled(grad):
                     value = fn(*args, **kwargs)
-                reply = (("ok", value.detach()) if isinstance(value, torch.Tensor)
-                         else ("value", type(value).__name__))
+                out = kernel_outputs(value)
+                reply = ("ok", out) if out is not None else ("value", type(value).__name__)
             else:  # "vjp": extra = (the differentiated args: positions or keyword names, cotangent)
                 wanted, cot = extra
                 args, leaves = differentiable(args, kwargs, wanted)
@@ -338,6 +338,8 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
                         out = fn(*args, **kwargs)
                     except BaseException as exc:  # noqa: BLE001 - the caller decides what it means
                         out, reply = None, ("forward_raised", _describe(exc))
+                    if isinstance(out, (tuple, list)) and out:  # (output, final state, ...): the output's
+                        out = out[0]
                     if out is None:
                         pass
                     elif not (isinstance(out, torch.Tensor) and out.requires_grad):
@@ -552,6 +554,20 @@ class Worker:
             os.unlink(self.log_path)
         except OSError:
             pass
+
+
+def kernel_outputs(value):
+    """A kernel's return value as the harness takes it: a tensor, detached; or a tuple whose first element
+    is the output tensor and whose others (a final state, ...) are tensors or None, detached; None for
+    anything else (not a kernel output)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if (isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor)
+            and all(v is None or isinstance(v, torch.Tensor) for v in value)):
+        return tuple(None if v is None else v.detach() for v in value)
+    return None
 
 
 def _tensors(value) -> list:

@@ -22,6 +22,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "harness.kernels.sequential",
     "harness.kernels.blelloch",
     "harness.kernels.retnet_forms",
+    "harness.kernels.gated_forms",
     "harness.kernels.mambapy_adapter",
     "harness.kernels.torchscale_adapter",
     "harness.kernels.fla_adapter",

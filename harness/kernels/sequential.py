@@ -13,6 +13,7 @@ baseline kernel; `baseline_for` looks one up.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Callable, Sequence
 
@@ -29,6 +30,9 @@ __all__ = [
     "sequential_selective_scan",
     "sequential_retention",
     "sequential_retention_normed",
+    "sequential_simple_gla",
+    "sequential_gla",
+    "sequential_ssd",
     "KERNELS",
     "BASELINES",
     "baseline_for",
@@ -101,6 +105,40 @@ def sequential_retention_normed(
     return _output(retention_normed(q, k, v, eps, gamma=gamma, scale=scale, compute_dtype=q.dtype, device=q.device), q)
 
 
+def _sequential_gated(oracle: str, q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+                      cu_seqlens=None):
+    from reference_impls import gated_decay
+
+    o, state = getattr(gated_decay, oracle)(q, k, v, g, scale=scale, initial_state=initial_state,
+                                            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                            compute_dtype=q.dtype, device=q.device)
+    return _output(o, q), (None if state is None else _output(state, q))
+
+
+def sequential_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Simple GLA (fla's layout) by the oracle's recurrent loop in q's dtype: ``(o, final_state or None)``."""
+    return _sequential_gated("simple_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens)
+
+
+def sequential_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """GLA (fla's layout) by the oracle's recurrent loop in q's dtype: ``(o, final_state or None)``."""
+    return _sequential_gated("gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens)
+
+
+def sequential_ssd(x, dt, A, B, C, chunk_size=None, D=None, z=None, dt_bias=None, dt_softplus=False,
+                   initial_states=None, seq_idx=None, return_final_states=False):
+    """Mamba-2's SSD (mamba-ssm's layout) by the oracle's recurrent loop in x's dtype: y, or
+    ``(y, final_states)`` when ``return_final_states``."""
+    from reference_impls.gated_decay import ssd
+
+    found = ssd(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                initial_states=initial_states, seq_idx=seq_idx, return_final_states=return_final_states,
+                compute_dtype=x.dtype, device=x.device)
+    if return_final_states:
+        return _output(found[0], x), _output(found[1], x)
+    return _output(found, x)
+
+
 def _loader(module: str, attr: str, fn: Callable) -> Callable[[], Callable]:
     """``load`` for a baseline: the wrapper, once ``reference_impls.<module>.<attr>`` imports."""
 
@@ -117,6 +155,8 @@ def _loader(module: str, attr: str, fn: Callable) -> Callable[[], Callable]:
 
 
 _CAPS = Capabilities(notes="the float64 oracle's own loop, run in the input dtype")
+_GATED_CAPS = dataclasses.replace(_CAPS, **{f: True for f in ("initial_state", "final_state", "varlen")
+                                            if f in {x.name for x in dataclasses.fields(Capabilities)}})
 
 KERNELS: list[KernelSpec] = [
     KernelSpec(
@@ -147,9 +187,30 @@ KERNELS: list[KernelSpec] = [
         capabilities=_CAPS,
         description="the oracle's recurrent retention + RMS group norm in the input dtype",
     ),
+    KernelSpec(
+        name="intree.sequential_simple_gla",
+        family=Family.SIMPLE_GLA,
+        load=_loader("gated_decay", "simple_gla", sequential_simple_gla),
+        capabilities=_GATED_CAPS,
+        description="the oracle's recurrent simple GLA in the input dtype",
+    ),
+    KernelSpec(
+        name="intree.sequential_gla",
+        family=Family.GLA,
+        load=_loader("gated_decay", "gla", sequential_gla),
+        capabilities=_GATED_CAPS,
+        description="the oracle's recurrent GLA in the input dtype",
+    ),
+    KernelSpec(
+        name="intree.sequential_ssd",
+        family=Family.SSD,
+        load=_loader("gated_decay", "ssd", sequential_ssd),
+        capabilities=_GATED_CAPS,
+        description="the oracle's recurrent Mamba-2 SSD in the input dtype",
+    ),
 ]
 
-#: Each family's same-dtype sequential baseline.
+#: Each family's same-dtype sequential baseline (the kernel its definition names, `FamilyDef.baseline`).
 BASELINES: dict[Family, KernelSpec] = {spec.family: spec for spec in KERNELS}
 
 

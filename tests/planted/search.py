@@ -22,4 +22,4 @@ class Timeline:
 def n_inputs(record: dict) -> int:
     """The number of input elements of a record's problem (the record holds the problem's fields)."""
     names = {f.name for f in dataclasses.fields(Problem)} - {"values"}
-    return Problem(**{k: record[k] for k in names}).n_elements()
+    return Problem(**{k: record[k] for k in names if k in record}).n_elements()  # later fields: at their defaults

@@ -1,0 +1,176 @@
+"""`FamilyDef`: everything the harness knows about one kernel family, in one object.
+
+A family definition answers every family-dependent question the harness asks: the names and call order
+of the tensor arguments, the input shapes of a `Problem`, the output shape and its sequence axis, the
+input regimes and how each one's inputs are generated, the float64 oracle (its `Trace` and its
+differentiable form), the same-dtype sequential baseline, the last-place room of the elementwise
+functions a step evaluates, the hypothesis bounds of explicit element values and the family's own
+problem fields, and the per-element term scales of its gradients. The problem, the runner, the
+strategies, the gradients and the reports ask the family (`harness.families.get`) instead of branching
+on it, so adding a family is one module here (plus its oracle and its baseline kernel).
+
+Modules here import `reference_impls` inside the methods that need it (the oracles are heavy) and never
+import `harness.problems` at module level (problems imports the families).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from harness.errors import InvalidArgument
+from harness.kernels.contract import DTYPE_NAMES, Capabilities, Family, RetentionConvention
+
+if TYPE_CHECKING:
+    from harness.problems import Problem
+    from reference_impls.trace import Trace
+
+
+def randn(shape, gen: torch.Generator) -> torch.Tensor:
+    """Standard normal float64 values from ``gen``."""
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
+def uniform(shape, gen: torch.Generator, lo: float, hi: float) -> torch.Tensor:
+    """Uniform float64 values in [lo, hi) from ``gen``."""
+    return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=torch.float64)
+
+
+def limit_scale(regime: str, dtype: str, *, power: float, large_div: float, tiny_mul: float) -> float:
+    """The data scale of ``large`` (max**power / large_div) and ``tiny`` (tiny**power * tiny_mul); else 1."""
+    info = torch.finfo(DTYPE_NAMES[dtype])
+    if regime == "large":
+        return float(info.max) ** power / large_div
+    if regime == "tiny":
+        return float(info.tiny) ** power * tiny_mul
+    return 1.0
+
+
+class FamilyDef:
+    """One family's definition. Subclasses set the class attributes and override what differs.
+
+    Attributes:
+        family: the `Family` it defines.
+        arg_order: the tensor arguments of the call, in order (optional ones included).
+        regimes: the input regimes that apply (`harness.problems` documents each).
+        grad_inputs: the inputs that are differentiated (the rest are flags or integer-valued).
+        length_axis: the sequence axis of the output.
+        uses_matmuls: whether every form of the family computes matmuls (TF32 applies on CUDA).
+        has_convention: whether a kernel's `RetentionConvention` (decays, scale) enters the oracle.
+        takes_eps: whether problems carry a norm ``eps`` (required then, refused otherwise).
+    """
+
+    family: Family
+    arg_order: tuple[str, ...] = ()
+    regimes: tuple[str, ...] = ()
+    grad_inputs: tuple[str, ...] = ()
+    length_axis: int = -1
+    uses_matmuls: bool = False
+    has_convention: bool = False
+    takes_eps: bool = False
+
+    # ------------------------------------------------------------------------------- problems
+    def validate(self, p: "Problem") -> None:
+        """Family-specific checks of a problem's fields (raise `InvalidArgument`)."""
+        for name, default in (("has_initial_state", False), ("final_state", False), ("cu_seqlens", None),
+                              ("decay_floor", None)):
+            if getattr(p, name) != default:
+                raise InvalidArgument(f"{name}={getattr(p, name)!r} does not apply to family {self.family.value}; "
+                                      f"leave it at {default!r}")
+        if p.groups < 0 or (p.groups and p.dim % p.groups):
+            raise InvalidArgument(
+                f"groups={p.groups!r} must be 0 (ungrouped) or a positive divisor of dim={p.dim}"
+            )
+        if self.takes_eps:
+            if p.eps is None or not (p.eps >= 0 and math.isfinite(p.eps)):
+                raise InvalidArgument(f"eps={p.eps!r} must be a finite number >= 0 for {self.family.value}")
+        elif p.eps is not None:
+            raise InvalidArgument(f"eps={p.eps!r} is only meaningful for retention_normed; pass None")
+
+    def shapes(self, p: "Problem") -> dict[str, tuple[int, ...]]:
+        """The shape of each input tensor, by name, in the family's layout."""
+        raise NotImplementedError
+
+    def output_shape(self, p: "Problem") -> tuple[int, ...]:
+        """The shape the family's contract promises for ``p``."""
+        raise NotImplementedError
+
+    def data_scale(self, regime: str, dtype: str) -> float:
+        """Scale of the data tensors: 1, or near the dtype's limits for ``large`` / ``tiny``: outputs are
+        products of three data factors, so each factor is scaled to max**(1/4) (tiny**(1/4))."""
+        return limit_scale(regime, dtype, power=0.25, large_div=4.0, tiny_mul=4.0)
+
+    def generate(self, p: "Problem", shapes: dict[str, tuple[int, ...]], gen: torch.Generator,
+                 ) -> dict[str, torch.Tensor]:
+        """The regime's float64 inputs, drawn from ``gen`` (the problem's seed)."""
+        raise NotImplementedError
+
+    def function_room(self, p: "Problem") -> float:
+        """Last-place errors of the elementwise functions one step evaluates, in units of ``u * magnitude``."""
+        return 0.0
+
+    def call_kwargs(self, p: "Problem") -> dict[str, Any]:
+        """Keyword arguments besides the tensors (flags, eps, chunk_size)."""
+        kw: dict[str, Any] = {}
+        if p.chunk_size is not None:
+            kw["chunk_size"] = p.chunk_size
+        return kw
+
+    def call_args(self, p: "Problem", inputs: dict[str, torch.Tensor], kwargs: dict[str, Any],
+                  ) -> tuple[tuple, dict[str, Any]]:
+        """The positional and keyword arguments of the family's signature (``kwargs``: `call_kwargs`)."""
+        return tuple(inputs[n] for n in self.arg_order), kwargs
+
+    # -------------------------------------------------------------------------------- oracles
+    def trace(self, p: "Problem", x: dict[str, torch.Tensor], convention: RetentionConvention) -> "Trace":
+        """The float64 oracle's `Trace` on float64 CPU inputs ``x``."""
+        raise NotImplementedError
+
+    def traces(self, p: "Problem", x: dict[str, torch.Tensor], convention: RetentionConvention,
+               ) -> dict[str, "Trace"]:
+        """The oracle's `Trace` of each measured target: ``"output"``, and ``"final_state"`` where the
+        family and the problem have one."""
+        return {"output": self.trace(p, x, convention)}
+
+    def split_output(self, p: "Problem", value: Any) -> dict[str, torch.Tensor | None]:
+        """A kernel's (or baseline's) return value as its targets (``"output"``, ``"final_state"``...)."""
+        if isinstance(value, (tuple, list)):
+            value = value[0]
+        return {"output": value}
+
+    def state_shape(self, p: "Problem") -> tuple[int, ...] | None:
+        """The shape of the final state, for families that return one."""
+        return None
+
+    def differentiable(self, p: "Problem", x: dict[str, torch.Tensor], convention: RetentionConvention,
+                       ) -> torch.Tensor:
+        """The oracle's definition, differentiable (`reference_impls.autograd`), in the dtype of ``x``."""
+        raise NotImplementedError
+
+    def baseline_kwargs(self, p: "Problem", convention: RetentionConvention) -> dict[str, Any]:
+        """What the baseline takes besides the call's arguments (a retention convention's decays, scale)."""
+        return {}
+
+    def term_scale(self, p: "Problem", x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...],
+                   convention: RetentionConvention, vjp: Callable) -> dict[str, torch.Tensor] | None:
+        """Per element of each input: the sum of |terms| of its gradient where the output is multilinear
+        (`harness.gradients.term_scale`); None where it is not."""
+        return None
+
+    # ----------------------------------------------------------------------------- strategies
+    def element_bounds(self, p: "Problem", name: str) -> tuple[float, float]:
+        """The range of hypothesis-drawn element values of input ``name`` in ``p``'s regime."""
+        s = self.data_scale(p.regime, p.dtype)
+        return (-2.0 * s, 2.0 * s)
+
+    def draw_fields(self, draw: Callable, caps: Capabilities, lim: Any, regime: str, common: dict[str, Any],
+                    ) -> dict[str, Any]:
+        """The family's own problem fields (sizes, flags), drawn by hypothesis inside ``caps`` and the
+        profile's limits ``lim``; ``common`` holds the fields drawn before (length, batch, ...), and the
+        result may replace some of them (a packed variable-length batch is one row)."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"<family {self.family.value}>"

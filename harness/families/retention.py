@@ -1,0 +1,91 @@
+"""``retention``: ``fn(q, k, v) -> o``; q, k (batch, L, heads, dk), v (batch, L, heads, dv); per-head
+decay and scale from the kernel's `RetentionConvention` (RetNet's by default)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.families.base import FamilyDef, randn
+from harness.kernels.contract import Family
+
+
+class Retention(FamilyDef):
+    family = Family.RETENTION
+    arg_order = ("q", "k", "v")
+    regimes = ("trained", "large", "tiny", "ramp")
+    grad_inputs = ("q", "k", "v")
+    length_axis = 1
+    uses_matmuls = True
+    has_convention = True
+
+    def shapes(self, p):
+        b, L = p.batch, p.length
+        return {"q": (b, L, p.heads, p.dk), "k": (b, L, p.heads, p.dk), "v": (b, L, p.heads, p.dv)}
+
+    def output_shape(self, p):
+        return (p.batch, p.length, p.heads, p.dv)
+
+    def generate(self, p, shapes, gen):
+        if p.regime == "ramp":
+            out = {}
+            for name, shape in shapes.items():
+                x = torch.arange(1, math.prod(shape) + 1, dtype=torch.float64)
+                out[name] = (x / float(x.max())).reshape(shape)
+            return out
+        s = self.data_scale(p.regime, p.dtype)
+        return {name: randn(shape, gen) * s for name, shape in shapes.items()}
+
+    def function_room(self, p):
+        """The decay powers: 1."""
+        return 1.0
+
+    def _convention(self, p, convention):
+        return list(convention.gammas(p.heads)), convention.scale(p.dk)
+
+    def trace(self, p, x, convention):
+        from reference_impls.retention import retention_trace
+
+        gamma, scale = self._convention(p, convention)
+        return retention_trace(x["q"], x["k"], x["v"], gamma=gamma, scale=scale)
+
+    def differentiable(self, p, x, convention):
+        from reference_impls import autograd as ad
+
+        gamma, scale = self._convention(p, convention)
+        return ad.retention(x["q"], x["k"], x["v"], gamma, scale)
+
+    def baseline_kwargs(self, p, convention):
+        gamma, scale = self._convention(p, convention)
+        return {"gamma": gamma, "scale": scale}
+
+    def _term_cotangent(self, p, x, cot, convention) -> torch.Tensor:
+        return cot.abs()
+
+    def term_scale(self, p, x, cot, names, convention, vjp):
+        """Retention is multilinear in q, k, v: the sum of |terms| is retention of |q|, |k|, |v| with |decays|,
+        pulled back along |cotangent|."""
+        from reference_impls import autograd as ad
+
+        ax = {k: v.abs() for k, v in x.items()}
+        gamma = [abs(gm) for gm in convention.gammas(p.heads)]
+        scale = abs(convention.scale(p.dk))
+        c = self._term_cotangent(p, x, cot, convention)
+        return vjp(lambda v: ad.retention(v["q"], v["k"], v["v"], gamma, scale), ax, names, c)
+
+    def draw_fields(self, draw, caps, lim, regime, common):
+        from hypothesis import strategies as st
+
+        fields = {"heads": draw(st.integers(1, lim.max_heads))}
+        if caps.head_dims:
+            fields["dk"] = draw(st.sampled_from(caps.head_dims))
+            fields["dv"] = draw(st.sampled_from(caps.head_dims))
+        else:
+            top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
+            fields["dk"] = draw(st.integers(1, top_d))
+            fields["dv"] = draw(st.integers(1, top_d))
+        return fields
+
+
+FAMILY = Retention()

@@ -1,0 +1,61 @@
+"""``retention_normed``: ``fn(q, k, v, eps) -> o``: `retention` followed by the per-head RMS group norm."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.families.base import limit_scale
+from harness.families.retention import Retention
+from harness.kernels.contract import Family
+
+
+class RetentionNormed(Retention):
+    family = Family.RETENTION_NORMED
+    takes_eps = True
+
+    def data_scale(self, regime, dtype):
+        """The norm squares its output, so the factors are scaled to max**(1/6) with room for the sums
+        over time and dv: a larger scale only makes every case out of domain."""
+        return limit_scale(regime, dtype, power=1 / 6, large_div=64.0, tiny_mul=4.0)
+
+    def function_room(self, p):
+        """The decay powers 1, the root and the divide 2."""
+        return 3.0
+
+    def call_args(self, p, inputs, kwargs):
+        return tuple(inputs[n] for n in self.arg_order) + (p.eps,), kwargs
+
+    def trace(self, p, x, convention):
+        from reference_impls.retention import retention_normed_trace
+
+        gamma, scale = self._convention(p, convention)
+        return retention_normed_trace(x["q"], x["k"], x["v"], p.eps, gamma=gamma, scale=scale)
+
+    def differentiable(self, p, x, convention):
+        from reference_impls import autograd as ad
+
+        gamma, scale = self._convention(p, convention)
+        return ad.retention_normed(x["q"], x["k"], x["v"], p.eps, gamma, scale)
+
+    def _term_cotangent(self, p, x, cot, convention) -> torch.Tensor:
+        """The norm's Jacobian ``d(o_j/r)/do_i = delta_ij / r - o_i o_j / (dv r^3)`` bounded term by term:
+        the cotangent ``|g_j| / r + |o_j| sum_i |g_i o_i| / (dv r^3)`` for the raw retention."""
+        from reference_impls import autograd as ad
+
+        c = cot.abs()
+        o = ad.retention(x["q"], x["k"], x["v"], list(convention.gammas(p.heads)), convention.scale(p.dk))
+        dv = o.shape[-1]
+        r = torch.sqrt((o * o).sum(-1, keepdim=True) / dv + p.eps)
+        return c / r + o.abs() * (c * o.abs()).sum(-1, keepdim=True) / (dv * r ** 3)
+
+    def draw_fields(self, draw, caps, lim, regime, common):
+        from hypothesis import strategies as st
+
+        from harness.strategies import epsilons
+
+        fields = super().draw_fields(draw, caps, lim, regime, common)
+        fields["eps"] = draw(st.sampled_from(caps.eps_values) if caps.eps_values else epsilons())
+        return fields
+
+
+FAMILY = RetentionNormed()

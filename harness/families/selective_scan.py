@@ -1,0 +1,140 @@
+"""``selective_scan``: mamba-ssm's ``selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None,
+delta_softplus=False) -> y``; u, delta (batch, dim, L); A (dim, N); B, C (batch, N, L) or grouped
+(batch, G, N, L); D (dim,); z (batch, dim, L); delta_bias (dim,)."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.families.base import FamilyDef, randn, uniform
+from harness.kernels.contract import Family
+
+_OPTIONAL = ("D", "z", "delta_bias")
+
+
+class SelectiveScan(FamilyDef):
+    family = Family.SELECTIVE_SCAN
+    arg_order = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable")
+    grad_inputs = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    length_axis = -1
+
+    def shapes(self, p):
+        b, d, n, L = p.batch, p.dim, p.state, p.length
+        bc = (b, p.groups, n, L) if p.groups else (b, n, L)
+        shapes = {"u": (b, d, L), "delta": (b, d, L), "A": (d, n), "B": bc, "C": bc}
+        if p.has_D:
+            shapes["D"] = (d,)
+        if p.has_z:
+            shapes["z"] = (b, d, L)
+        if p.has_delta_bias:
+            shapes["delta_bias"] = (d,)
+        return shapes
+
+    def output_shape(self, p):
+        return (p.batch, p.dim, p.length)
+
+    def generate(self, p, shapes, gen):
+        b, d, n, L = p.batch, p.dim, p.state, p.length
+        s = self.data_scale(p.regime, p.dtype)
+        if p.regime == "unstable":
+            delta = randn((b, d, L), gen)
+            A = randn((d, n), gen)
+        else:
+            if p.regime == "long_memory":
+                dt = 10.0 ** uniform((d, 1), gen, -4.0, -3.0)
+                A = -uniform((d, n), gen, 0.01, 1.0)
+            elif p.regime == "fast_decay":
+                dt = uniform((d, 1), gen, 0.5, 1.0)
+                A = -uniform((d, n), gen, 2.0, 10.0)
+            else:
+                dt = 10.0 ** uniform((d, 1), gen, -3.0, -1.0)
+                A = -torch.exp(torch.log(torch.arange(1, n + 1, dtype=torch.float64)) + 0.1 * randn((d, n), gen))
+            if p.delta_softplus:
+                # raw pre-activation whose softplus is about dt: the kernel applies the softplus
+                delta = torch.log(torch.expm1(dt)) + 0.5 * randn((b, d, L), gen)
+            else:
+                delta = dt * torch.exp(0.5 * randn((b, d, L), gen))
+        out = {"u": randn((b, d, L), gen) * s, "delta": delta, "A": A,
+               "B": randn(shapes["B"], gen) * s, "C": randn(shapes["C"], gen) * s}
+        if p.has_D:  # D u is an output term like C h (~ s**3): D ~ s**2 keeps both paths visible
+            out["D"] = randn((d,), gen) * s * s
+        if p.has_z:
+            out["z"] = randn((b, d, L), gen)
+        if p.has_delta_bias:
+            bias = 0.1 * randn((d,), gen)
+            if p.regime != "unstable" and not p.delta_softplus:
+                # The decays see delta + bias: keep that sum the regime's positive draw, so every decay
+                # factor stays below 1 whatever the bias (a bias of 0.1 against a step of 1e-4 made
+                # long_memory's decays reach 1.1 and its state grow: that is the unstable regime). The bias
+                # is scaled to the channel's step and taken out of delta (which may then be negative).
+                bias = bias * dt[:, 0]
+                out["delta"] = delta - bias[None, :, None]
+            out["delta_bias"] = bias
+        return out
+
+    def function_room(self, p):
+        """exp(delta A) 1, the bias add 1, softplus (log1p of exp) 2, silu (exp, add, divide, multiply) 2."""
+        return 1.0 + p.has_delta_bias + 2.0 * p.delta_softplus + 2.0 * p.has_z
+
+    def call_kwargs(self, p):
+        kw = {"delta_softplus": True} if p.delta_softplus else {}
+        kw.update(super().call_kwargs(p))
+        return kw
+
+    def call_args(self, p, inputs, kwargs):
+        args = tuple(inputs[n] for n in ("u", "delta", "A", "B", "C"))
+        for name in _OPTIONAL:
+            if name in inputs:
+                kwargs[name] = inputs[name]
+        return args, kwargs
+
+    def trace(self, p, x, convention):
+        from reference_impls.selective_scan import selective_scan_trace
+
+        return selective_scan_trace(x["u"], x["delta"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"),
+                                    delta_bias=x.get("delta_bias"), delta_softplus=p.delta_softplus)
+
+    def differentiable(self, p, x, convention):
+        from reference_impls import autograd as ad
+
+        return ad.selective_scan(x["u"], x["delta"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"),
+                                 delta_bias=x.get("delta_bias"), delta_softplus=p.delta_softplus)
+
+    def element_bounds(self, p, name):
+        unstable, softplus = p.regime == "unstable", p.delta_softplus
+        if name == "delta":
+            return (-2.0, 2.0) if unstable or softplus else (0.0, 1.0)
+        if name == "A":
+            return (-2.0, 2.0) if unstable else (-4.0, 0.0)
+        if name == "D":
+            s = self.data_scale(p.regime, p.dtype)
+            return (-2.0 * s * s, 2.0 * s * s)
+        if name == "delta_bias" and not unstable and not softplus:
+            return (0.0, 1.0)  # delta + bias >= 0: every decay at or below 1 (`harness.problems`)
+        if name in ("z", "delta_bias"):
+            return (-2.0, 2.0)
+        return super().element_bounds(p, name)
+
+    def draw_fields(self, draw, caps, lim, regime, common):
+        from hypothesis import strategies as st
+
+        fields = {}
+        if caps.grouped_bc and draw(st.booleans()):
+            # dim = G * (channels per group): every G with 2 or more channels per group tells the right
+            # channel-to-group map (d // (dim/G)) from a wrong one (d % G); both factors shrink to 1
+            fields["groups"] = draw(st.integers(1, max(1, lim.max_dim // 2)))
+            fields["dim"] = fields["groups"] * draw(st.integers(1, max(1, lim.max_dim // fields["groups"])))
+        else:
+            fields["dim"] = draw(st.integers(1, lim.max_dim))
+        max_n = min(lim.max_state, caps.max_state or lim.max_state)
+        fields["state"] = draw(st.integers(1, max_n))
+        if caps.selective_options:
+            for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):
+                fields[flag] = draw(st.booleans())
+            if regime == "unstable":  # the seed's form: raw delta, no softplus
+                fields["delta_softplus"] = False
+        return fields
+
+
+FAMILY = SelectiveScan()

@@ -1,0 +1,223 @@
+"""``simple_gla``: fla's ``fn(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+cu_seqlens=None) -> (o, final_state)``; q, k (batch, T, heads, K), v (batch, T, heads, V), g (batch, T,
+heads) the log-decay; ``S_t = exp(g_t) S_{t-1} + k_t^T v_t``, ``o_t = K**-0.5 q_t S_t``
+(`reference_impls.gated_decay`). The problem's ``dk`` is K and ``dv`` is V.
+
+Targets: the output ``o`` always; the final state (batch, heads, K, V) as a second target when the
+problem asks for it (``final_state``, for kernels that declare ``final_state``). ``has_initial_state``
+passes an initial state; ``cu_seqlens`` packs several sequences in one row (batch 1).
+
+Regimes (g is the log-decay, <= 0; q, k, v standard normal times the data scale):
+
+- ``trained``: ``g = logsigmoid(z) / 16`` (fla's gate with its normalizer 16: decays near 0.96);
+- ``long_memory``: ``g = -10**U(-4, -2)``: the state sums thousands of terms;
+- ``strong_decay``: ``g = U(-30, 0)``: down to -20 per step and below, so that a cumulative sum over a
+  64-step chunk (several hundred) leaves float32's exp range (-103 .. 88.7) and the chunk form's
+  exponent of a difference of two large sums loses ``u * |cumsum|`` absolutely;
+- ``mixed_heads``: per head a decay scale ``10**U(-3, 1.3)`` times ``logsigmoid(z)``: long-memory heads
+  next to fast-forgetting ones in one call;
+- ``large`` / ``tiny``: ``trained`` with q, k, v near the dtype's largest / smallest normal value
+  (products of three factors: max**(1/4), tiny**(1/4) each);
+- ``uniform_decay``: ``g = U(decay_floor, 0)`` (the problem's ``decay_floor``, -20 when None): the knob
+  of the ``gated_decay`` sweep (error against decay strength; the issue's measurement is floor -20).
+
+The chunk forms' bound: a kernel that takes a ``chunk_size`` is measured against ``u (growth +
+chunk_growth)``, the oracle's chunk term (the within-chunk cumulative log-decay mass times the state's
+absolute sum, `reference_impls.gated_decay`), so the precision an exponent of a difference of two
+cumulative sums loses is rounding of the algorithm, named by its size, not a bug.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.errors import InvalidArgument
+from harness.families.base import FamilyDef, randn, uniform
+from harness.kernels.contract import Family
+
+#: The log-decay ranges of hypothesis-drawn explicit values, per regime.
+G_BOUNDS = {"long_memory": (-0.01, 0.0), "strong_decay": (-30.0, 0.0), "mixed_heads": (-20.0, 0.0)}
+
+
+#: The floor of ``uniform_decay``'s log-decays when the problem gives none (the issue's measurement).
+DEFAULT_DECAY_FLOOR = -20.0
+
+
+def decay_floor(p) -> float:
+    return DEFAULT_DECAY_FLOOR if p.decay_floor is None else float(p.decay_floor)
+
+
+def check_decay_floor(p) -> None:
+    """``decay_floor``: a finite number <= 0, meaningful for the ``uniform_decay`` regime only."""
+    if p.decay_floor is None:
+        return
+    if p.regime != "uniform_decay":
+        raise InvalidArgument(f"decay_floor={p.decay_floor!r} is only meaningful for regime 'uniform_decay' "
+                              f"(regime={p.regime!r}); pass None")
+    if not (isinstance(p.decay_floor, (int, float)) and -1e6 <= p.decay_floor <= 0):
+        raise InvalidArgument(f"decay_floor={p.decay_floor!r} must be a number in [-1e6, 0] (the lowest log-decay)")
+
+
+class SimpleGLA(FamilyDef):
+    family = Family.SIMPLE_GLA
+    arg_order = ("q", "k", "v", "g")
+    regimes = ("trained", "long_memory", "strong_decay", "mixed_heads", "large", "tiny", "uniform_decay")
+    grad_inputs = ("q", "k", "v", "g", "initial_state")
+    length_axis = 1
+    uses_matmuls = True
+    targets_state = True
+    #: g's trailing shape: () per head (simple_gla) or (K,) per key channel (gla).
+    per_key = False
+
+    # ------------------------------------------------------------------------------- problems
+    def validate(self, p):
+        if p.eps is not None:
+            raise InvalidArgument(f"eps={p.eps!r} is only meaningful for retention_normed; pass None")
+        check_decay_floor(p)
+        if p.cu_seqlens is not None:
+            cu = list(p.cu_seqlens)
+            if p.batch != 1:
+                raise InvalidArgument(f"batch={p.batch!r} with cu_seqlens={cu}: packed sequences share one row; "
+                                      f"expected batch=1")
+            if len(cu) < 2 or cu[0] != 0 or cu[-1] != p.length or any(b <= a for a, b in zip(cu, cu[1:])):
+                raise InvalidArgument(f"cu_seqlens={cu} must rise strictly from 0 to length={p.length}")
+
+    def n_sequences(self, p) -> int:
+        return p.batch if p.cu_seqlens is None else len(p.cu_seqlens) - 1
+
+    def g_shape(self, p) -> tuple[int, ...]:
+        b, L, H = p.batch, p.length, p.heads
+        return (b, L, H, p.dk) if self.per_key else (b, L, H)
+
+    def shapes(self, p):
+        b, L, H = p.batch, p.length, p.heads
+        shapes = {"q": (b, L, H, p.dk), "k": (b, L, H, p.dk), "v": (b, L, H, p.dv), "g": self.g_shape(p)}
+        if p.has_initial_state:
+            shapes["initial_state"] = (self.n_sequences(p), H, p.dk, p.dv)
+        return shapes
+
+    def output_shape(self, p):
+        return (p.batch, p.length, p.heads, p.dv)
+
+    def state_shape(self, p) -> tuple[int, ...]:
+        return (self.n_sequences(p), p.heads, p.dk, p.dv)
+
+    def generate(self, p, shapes, gen):
+        s = self.data_scale(p.regime, p.dtype)
+        out = {name: randn(shapes[name], gen) * s for name in ("q", "k", "v")}
+        gs = shapes["g"]
+        if p.regime == "long_memory":
+            g = -(10.0 ** uniform(gs, gen, -4.0, -2.0))
+        elif p.regime == "strong_decay":
+            g = uniform(gs, gen, -30.0, 0.0)
+        elif p.regime == "uniform_decay":
+            g = uniform(gs, gen, decay_floor(p), 0.0)
+        elif p.regime == "mixed_heads":
+            per_head = 10.0 ** uniform((p.heads,) + (1,) * (len(gs) - 3), gen, -3.0, 1.3)
+            g = torch.nn.functional.logsigmoid(randn(gs, gen)) * per_head
+        else:
+            g = torch.nn.functional.logsigmoid(randn(gs, gen)) / 16.0
+        out["g"] = g
+        if p.has_initial_state:  # a state like the one a previous chunk of the sequence would leave
+            out["initial_state"] = randn(shapes["initial_state"], gen) * s * s
+        return out
+
+    def function_room(self, p):
+        """exp(g): 1."""
+        return 1.0
+
+    def call_kwargs(self, p) -> dict[str, Any]:
+        kw = super().call_kwargs(p)
+        if p.final_state:
+            kw["output_final_state"] = True
+        return kw
+
+    def call_args(self, p, inputs, kwargs):
+        args = tuple(inputs[n] for n in self.arg_order)
+        if "initial_state" in inputs:
+            kwargs["initial_state"] = inputs["initial_state"]
+        if p.cu_seqlens is not None:
+            kwargs["cu_seqlens"] = torch.tensor(p.cu_seqlens, dtype=torch.long, device=inputs["q"].device)
+        return args, kwargs
+
+    # -------------------------------------------------------------------------------- oracles
+    def _oracle(self, name: str):
+        from reference_impls import gated_decay
+
+        return getattr(gated_decay, name)
+
+    def traces(self, p, x, convention):
+        trace_fn = self._oracle("gla_trace" if self.per_key else "simple_gla_trace")
+        cu = None if p.cu_seqlens is None else torch.tensor(p.cu_seqlens, dtype=torch.long)
+        t = trace_fn(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"),
+                     output_final_state=bool(p.final_state), cu_seqlens=cu, chunk_size=p.chunk_size)
+        if p.chunk_size is not None:
+            t = t.with_chunk_growth()
+        found = {"output": t.out}
+        if t.final_state is not None:
+            found["final_state"] = t.final_state
+        return found
+
+    def trace(self, p, x, convention):
+        return self.traces(p, x, convention)["output"]
+
+    def split_output(self, p, value):
+        """``(o, final_state)`` -> targets; a kernel that returns o alone has no final state."""
+        if isinstance(value, (tuple, list)):
+            found = {"output": value[0]}
+            if p.final_state:
+                found["final_state"] = value[1] if len(value) > 1 else None
+            return found
+        return {"output": value, **({"final_state": None} if p.final_state else {})}
+
+    def differentiable(self, p, x, convention):
+        from reference_impls import autograd as ad
+
+        fn = ad.gla if self.per_key else ad.simple_gla
+        cu = None if p.cu_seqlens is None else list(p.cu_seqlens)
+        return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"), cu_seqlens=cu)[0]
+
+    # ----------------------------------------------------------------------------- strategies
+    def element_bounds(self, p, name):
+        if name == "g":
+            return (decay_floor(p), 0.0) if p.regime == "uniform_decay" else G_BOUNDS.get(p.regime, (-1.0, 0.0))
+        if name == "initial_state":
+            s = self.data_scale(p.regime, p.dtype)
+            return (-2.0 * s * s, 2.0 * s * s)
+        return super().element_bounds(p, name)
+
+    def draw_fields(self, draw, caps, lim, regime, common):
+        from hypothesis import strategies as st
+
+        fields = {"heads": draw(st.integers(1, lim.max_heads))}
+        if caps.head_dims:
+            fields["dk"] = draw(st.sampled_from(caps.head_dims))
+            fields["dv"] = draw(st.sampled_from(caps.head_dims))
+        else:
+            top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
+            fields["dk"] = draw(st.integers(1, top_d))
+            fields["dv"] = draw(st.integers(1, top_d))
+        fields.update(draw_state_options(draw, caps, common))
+        return fields
+
+
+def draw_state_options(draw, caps, common) -> dict[str, Any]:
+    """Initial state, final state and packed sequences, each drawn only where the kernel declares it
+    (``caps.initial_state``, ``final_state``, ``varlen``): a packed batch is one row cut at 1 to 3 points,
+    which shrink towards fewer cuts and earlier ones."""
+    from hypothesis import strategies as st
+
+    fields: dict[str, Any] = {}
+    fields["has_initial_state"] = bool(getattr(caps, "initial_state", False)) and draw(st.booleans())
+    fields["final_state"] = bool(getattr(caps, "final_state", False)) and draw(st.booleans())
+    length = common["length"]
+    if getattr(caps, "varlen", False) and length > 1 and draw(st.booleans()):
+        cuts = draw(st.lists(st.integers(1, length - 1), min_size=1, max_size=min(3, length - 1), unique=True))
+        fields["cu_seqlens"] = (0, *sorted(cuts), length)
+        fields["batch"] = 1
+    return fields
+
+
+FAMILY = SimpleGLA()

@@ -1,0 +1,213 @@
+"""``ssd`` (Mamba-2): mamba-ssm's ``mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None,
+dt_bias=None, dt_softplus=False, initial_states=None, seq_idx=None, return_final_states=False) -> y``
+(or ``(y, final_states)``); x (batch, T, heads, P), dt (batch, T, heads), A (heads,), B, C (batch, T,
+groups, N), D (heads,), z like x, dt_bias (heads,), initial_states (batch, heads, P, N), seq_idx
+(batch, T) (`reference_impls.gated_decay.ssd`). Its dt bias, softplus, grouping and seq_idx boundaries
+are inside the kernel under test, as in real use.
+
+Problem fields: ``heads``; ``dv`` is P (the head dim), ``state`` is N, ``groups`` the B/C groups (a
+divisor of heads, >= 1); ``has_D``, ``has_z``, ``has_delta_bias`` (dt_bias) and ``delta_softplus``
+(dt_softplus) as for the selective scan; ``has_initial_state``, ``final_state``; ``cu_seqlens`` the
+sequence boundaries of every row, passed as ``seq_idx``. ``chunk_size`` is the contract's positional
+argument (None for a kernel that takes none: the recurrent baseline).
+
+Regimes (the log-decay of a step is ``dt' A``, dt' the step after bias and softplus):
+
+- ``trained``: Mamba-2's init: A = -U(1, 16), dt' log-uniform in [1e-3, 1e-1] per head;
+- ``long_memory``: dt' in [1e-4, 1e-3], A = -U(0.01, 1): decays within 1e-3 of 1;
+- ``strong_decay``: dt' in [1, 3], A = -U(5, 10): log-decays of -5 to -30 per step;
+- ``large_dt``: with dt_softplus, raw dt of 20 to 60 where softplus is linear (its threshold is 20), and
+  A = -U(0.05, 0.5): log-decays of -1 to -30;
+- ``mixed_heads``: per head a step scale 10**U(-4, 0.5);
+- ``large`` / ``tiny``: ``trained`` with x, B, C near the dtype's limits (max**(1/4), tiny**(1/4));
+- ``uniform_decay``: A = decay_floor (-20 when None) and dt' = U(0, 1): log-decays uniform in
+  [decay_floor, 0], the knob of the ``gated_decay`` sweep.
+
+Without softplus the bias is taken out of dt so that dt + dt_bias is the regime's positive step (as
+for the selective scan); with softplus dt is the pre-activation ``log(expm1(dt'))`` plus noise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from harness.errors import InvalidArgument
+from harness.families.base import FamilyDef, randn, uniform
+from harness.families.simple_gla import check_decay_floor, decay_floor, draw_state_options
+from harness.kernels.contract import Family
+
+
+class SSD(FamilyDef):
+    family = Family.SSD
+    arg_order = ("x", "dt", "A", "B", "C")
+    regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay")
+    grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+    length_axis = 1
+    uses_matmuls = True
+
+    def validate(self, p):
+        if p.eps is not None:
+            raise InvalidArgument(f"eps={p.eps!r} is only meaningful for retention_normed; pass None")
+        check_decay_floor(p)
+        if p.groups < 1 or p.heads % p.groups:
+            raise InvalidArgument(f"groups={p.groups!r} must be a positive divisor of heads={p.heads} for ssd "
+                                  f"(B and C are (batch, T, groups, N))")
+        if p.cu_seqlens is not None:
+            cu = list(p.cu_seqlens)
+            if len(cu) < 2 or cu[0] != 0 or cu[-1] != p.length or any(b <= a for a, b in zip(cu, cu[1:])):
+                raise InvalidArgument(f"cu_seqlens={cu} must rise strictly from 0 to length={p.length}")
+
+    def shapes(self, p):
+        b, L, H, P, N, G = p.batch, p.length, p.heads, p.dv, p.state, p.groups
+        shapes = {"x": (b, L, H, P), "dt": (b, L, H), "A": (H,), "B": (b, L, G, N), "C": (b, L, G, N)}
+        if p.has_D:
+            shapes["D"] = (H,)
+        if p.has_z:
+            shapes["z"] = (b, L, H, P)
+        if p.has_delta_bias:
+            shapes["dt_bias"] = (H,)
+        if p.has_initial_state:
+            shapes["initial_states"] = (b, H, P, N)
+        return shapes
+
+    def output_shape(self, p):
+        return (p.batch, p.length, p.heads, p.dv)
+
+    def state_shape(self, p):
+        return (p.batch, p.heads, p.dv, p.state)
+
+    def generate(self, p, shapes, gen):
+        b, L, H = p.batch, p.length, p.heads
+        s = self.data_scale(p.regime, p.dtype)
+        if p.regime == "long_memory":
+            step, A = 10.0 ** uniform((H,), gen, -4.0, -3.0), -uniform((H,), gen, 0.01, 1.0)
+        elif p.regime == "strong_decay":
+            step, A = uniform((H,), gen, 1.0, 3.0), -uniform((H,), gen, 5.0, 10.0)
+        elif p.regime == "large_dt":
+            step, A = uniform((H,), gen, 20.0, 60.0), -uniform((H,), gen, 0.05, 0.5)
+        elif p.regime == "mixed_heads":
+            step, A = 10.0 ** uniform((H,), gen, -4.0, 0.5), -uniform((H,), gen, 1.0, 16.0)
+        elif p.regime == "uniform_decay":
+            step, A = torch.full((H,), 0.5, dtype=torch.float64), torch.full((H,), decay_floor(p), dtype=torch.float64)
+        else:
+            step, A = 10.0 ** uniform((H,), gen, -3.0, -1.0), -uniform((H,), gen, 1.0, 16.0)
+        if p.regime == "uniform_decay" and not p.delta_softplus:
+            dt = uniform((b, L, H), gen, 0.0, 1.0)  # dt' = U(0, 1): g = dt' A uniform in [A, 0]
+        elif p.delta_softplus:  # the pre-activation whose softplus is about the step (itself where linear)
+            raw = torch.where(step > 20.0, step, torch.log(torch.expm1(step)))
+            dt = raw + 0.5 * randn((b, L, H), gen)
+        else:
+            dt = step * torch.exp(0.5 * randn((b, L, H), gen))
+        out = {"x": randn(shapes["x"], gen) * s, "dt": dt, "A": A,
+               "B": randn(shapes["B"], gen) * s, "C": randn(shapes["C"], gen) * s}
+        if p.has_D:  # D x is an output term like C h (~ s**3)
+            out["D"] = randn((H,), gen) * s * s
+        if p.has_z:
+            out["z"] = randn(shapes["z"], gen)
+        if p.has_delta_bias:
+            bias = 0.1 * randn((H,), gen)
+            if not p.delta_softplus:  # keep dt + bias the regime's positive step (`harness.problems`)
+                bias = bias * step
+                out["dt"] = dt - bias
+            out["dt_bias"] = bias
+        if p.has_initial_state:
+            out["initial_states"] = randn(shapes["initial_states"], gen) * s * s
+        return out
+
+    def function_room(self, p):
+        """exp(dt A) 1, the bias add 1, softplus 2, silu 2 (as the selective scan)."""
+        return 1.0 + p.has_delta_bias + 2.0 * p.delta_softplus + 2.0 * p.has_z
+
+    def call_kwargs(self, p) -> dict[str, Any]:
+        kw = super().call_kwargs(p)
+        if p.delta_softplus:
+            kw["dt_softplus"] = True
+        if p.final_state:
+            kw["return_final_states"] = True
+        return kw
+
+    def seq_idx(self, p, device="cpu") -> torch.Tensor | None:
+        if p.cu_seqlens is None:
+            return None
+        cu = p.cu_seqlens
+        row = torch.repeat_interleave(torch.arange(len(cu) - 1), torch.tensor([b - a for a, b in zip(cu, cu[1:])]))
+        return row.to(torch.int32).expand(p.batch, p.length).contiguous().to(device)
+
+    def call_args(self, p, inputs, kwargs):
+        args = tuple(inputs[n] for n in self.arg_order) + (kwargs.pop("chunk_size", None),)
+        for name in ("D", "z", "dt_bias", "initial_states"):
+            if name in inputs:
+                kwargs[name] = inputs[name]
+        if p.cu_seqlens is not None:
+            kwargs["seq_idx"] = self.seq_idx(p, inputs["x"].device)
+        return args, kwargs
+
+    def traces(self, p, x, convention):
+        from reference_impls.gated_decay import ssd_trace
+
+        t = ssd_trace(x["x"], x["dt"], x["A"], x["B"], x["C"], p.chunk_size, D=x.get("D"), z=x.get("z"),
+                      dt_bias=x.get("dt_bias"), dt_softplus=p.delta_softplus, initial_states=x.get("initial_states"),
+                      seq_idx=self.seq_idx(p), return_final_states=p.final_state)
+        if p.chunk_size is not None:
+            t = t.with_chunk_growth()
+        found = {"output": t.out}
+        if t.final_state is not None:
+            found["final_state"] = t.final_state
+        return found
+
+    def trace(self, p, x, convention):
+        return self.traces(p, x, convention)["output"]
+
+    def split_output(self, p, value):
+        if isinstance(value, (tuple, list)):
+            found = {"output": value[0]}
+            if p.final_state:
+                found["final_state"] = value[1] if len(value) > 1 else None
+            return found
+        return {"output": value, **({"final_state": None} if p.final_state else {})}
+
+    def differentiable(self, p, x, convention):
+        from reference_impls import autograd as ad
+
+        return ad.ssd(x["x"], x["dt"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"), dt_bias=x.get("dt_bias"),
+                      dt_softplus=p.delta_softplus, initial_states=x.get("initial_states"),
+                      cu_seqlens=None if p.cu_seqlens is None else list(p.cu_seqlens))
+
+    def element_bounds(self, p, name):
+        s = self.data_scale(p.regime, p.dtype)
+        if name == "dt":
+            if p.regime == "large_dt":
+                return (20.0, 60.0)
+            return (-2.0, 2.0) if p.delta_softplus else (0.0, 1.0)
+        if name == "A":
+            return (decay_floor(p), 0.0) if p.regime == "uniform_decay" else (-16.0, 0.0)
+        if name == "dt_bias":
+            return (-2.0, 2.0) if p.delta_softplus else (0.0, 1.0)
+        if name in ("D", "initial_states"):
+            return (-2.0 * s * s, 2.0 * s * s)
+        if name == "z":
+            return (-2.0, 2.0)
+        return super().element_bounds(p, name)
+
+    def draw_fields(self, draw, caps, lim, regime, common):
+        from hypothesis import strategies as st
+
+        groups = draw(st.integers(1, max(1, lim.max_heads)))
+        fields = {"groups": groups, "heads": groups * draw(st.integers(1, max(1, lim.max_heads // groups)))}
+        top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
+        fields["dv"] = draw(st.integers(1, top_d))
+        fields["state"] = draw(st.integers(1, min(lim.max_state, caps.max_state or lim.max_state)))
+        if caps.selective_options:
+            for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):
+                fields[flag] = draw(st.booleans())
+        if regime == "large_dt":
+            fields["delta_softplus"] = True
+        fields.update(draw_state_options(draw, caps, common))
+        fields.pop("batch", None)  # seq_idx is per row: a packed batch keeps its rows
+        return fields
+
+
+FAMILY = SSD()

@@ -1,0 +1,129 @@
+"""The gated families (simple_gla, gla, ssd) as the harness wires them: regimes, problem options (initial
+state, final state, packed sequences), the final state as a second measured target, and the harness
+catching the bug classes of these kernels (a final state taken one step early, state leaking across a
+sequence boundary, an initial state not decayed) on small cases. The oracles themselves are tested in
+the oracle tests; the in-tree chunked forms in their own tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import families
+from harness.errors import InvalidArgument
+from harness.kernels import registry
+from harness.kernels.sequential import sequential_gla, sequential_simple_gla, sequential_ssd
+from harness.problems import Problem
+from harness.runner import RunOptions, run_case
+
+IN_PROCESS = RunOptions(isolation="in-process")
+SEQUENTIAL = {"simple_gla": sequential_simple_gla, "gla": sequential_gla, "ssd": sequential_ssd}
+
+
+def _problem(family: str, **kw) -> Problem:
+    base = dict(family=family, length=11, heads=2, dk=3, dv=2, seed=5)
+    if family == "ssd":
+        base.update(groups=1, state=3)
+    base.update(kw)
+    return Problem(**base)
+
+
+def test_the_new_fields_leave_the_keys_of_other_problems_unchanged():
+    # keys computed before the gated families existed: records and saved cases of the other families still match
+    assert Problem(family="linear_scan", length=8).key == "8f6d569c2d74"
+    assert Problem(family="retention_normed", length=5, eps=1e-6, dtype="bfloat16").key == "5a56ac94f133"
+    p = _problem("gla", has_initial_state=True, final_state=True, batch=1, cu_seqlens=(0, 4, 11))
+    assert Problem.from_dict(p.to_dict()) == p and p.to_dict()["cu_seqlens"] == [0, 4, 11]
+
+
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "ssd"])
+def test_regimes_give_log_decays_of_their_strength(family):
+    fam = families.get(family)
+    for regime in fam.regimes:
+        x = _problem(family, regime=regime, length=64).float64_inputs()
+        if family == "ssd":
+            step = torch.nn.functional.softplus(x["dt"]) if _problem(family, regime=regime).delta_softplus else x["dt"]
+            g = step * x["A"]
+        else:
+            g = x["g"]
+        assert bool((g <= 0).all()), regime
+        if regime == "strong_decay":  # a 64-step chunk's cumulative sum leaves float32's exp range
+            assert float(g.min()) < -20 and float(g.sum(1).min()) < -103
+        if regime == "long_memory":
+            assert float(g.min()) > -1e-2
+    a, b = _problem(family).make_inputs(), _problem(family).make_inputs()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_problem_options_are_checked():
+    with pytest.raises(InvalidArgument, match="batch=2 with cu_seqlens"):
+        _problem("gla", batch=2, cu_seqlens=(0, 4, 11))
+    with pytest.raises(InvalidArgument, match="cu_seqlens"):
+        _problem("simple_gla", cu_seqlens=(0, 4, 10))
+    with pytest.raises(InvalidArgument, match="final_state=True does not apply to family retention"):
+        Problem(family="retention", length=4, final_state=True)
+    with pytest.raises(InvalidArgument, match="groups=2 must be a positive divisor of heads=3"):
+        _problem("ssd", heads=3, groups=2)
+
+
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "ssd"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_recurrent_baseline_is_equivalent_with_every_option(family, dtype):
+    spec = registry.get(f"intree.sequential_{family}")
+    p = _problem(family, dtype=dtype, regime="strong_decay", has_initial_state=True, final_state=True, batch=1,
+                 cu_seqlens=(0, 4, 11))
+    record = run_case(spec, p, IN_PROCESS)
+    assert record["verdict"] == "equivalent" and record["final_state_verdict"] == "equivalent", record["why"]
+
+
+def _spec(family):
+    return registry.get(f"intree.sequential_{family}")
+
+
+def test_a_final_state_one_step_early_is_divergent_through_the_second_target():
+    def early(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+        o, _ = sequential_simple_gla(q, k, v, g, scale, initial_state, False)
+        _, s = sequential_simple_gla(q[:, :-1], k[:, :-1], v[:, :-1], g[:, :-1], scale, initial_state, True)
+        return o, s
+
+    p = _problem("simple_gla", final_state=True, dtype="float64")
+    record = run_case(_spec("simple_gla"), p, IN_PROCESS, kernel_fn=early)
+    assert record["verdict"] == "divergent" and record["why"].startswith("final state:"), record["why"]
+    assert record["final_state_verdict"] == "divergent"
+    # the output alone is right: without the final state asked for, the same kernel is equivalent
+    assert run_case(_spec("simple_gla"), p.replace(final_state=False), IN_PROCESS, kernel_fn=early)["verdict"] \
+        == "equivalent"
+
+
+def test_a_missing_final_state_is_a_kernel_error():
+    def forgets(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+        return sequential_gla(q, k, v, g, scale, initial_state, False)
+
+    record = run_case(_spec("gla"), _problem("gla", final_state=True), IN_PROCESS, kernel_fn=forgets)
+    assert record["verdict"] == "kernel_error" and "no final state" in record["why"]
+
+
+def test_state_leaking_across_a_sequence_boundary_is_divergent():
+    def leaks(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+        return sequential_gla(q, k, v, g, scale, None, output_final_state)  # ignores the boundaries
+
+    p = _problem("gla", batch=1, cu_seqlens=(0, 3, 11), dtype="float64", regime="long_memory")
+    assert run_case(_spec("gla"), p, IN_PROCESS, kernel_fn=leaks)["verdict"] == "divergent"
+
+    def ssd_leaks(x, dt, A, B, C, chunk_size=None, seq_idx=None, **kw):
+        return sequential_ssd(x, dt, A, B, C, chunk_size, **kw)
+
+    p = _problem("ssd", batch=2, cu_seqlens=(0, 3, 11), dtype="float64", regime="long_memory")
+    assert run_case(_spec("ssd"), p, IN_PROCESS, kernel_fn=ssd_leaks)["verdict"] == "divergent"
+
+
+def test_an_initial_state_not_decayed_is_divergent():
+    def undecayed(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+        # the initial state added after the first step's decay instead of before it
+        g0 = g.clone()
+        g0[:, 0] = 0.0
+        return sequential_simple_gla(q, k, v, g0, scale, initial_state, output_final_state, cu_seqlens) \
+            if initial_state is not None else sequential_simple_gla(q, k, v, g, scale, None, output_final_state)
+
+    p = _problem("simple_gla", has_initial_state=True, dtype="float64", regime="strong_decay")
+    assert run_case(_spec("simple_gla"), p, IN_PROCESS, kernel_fn=undecayed)["verdict"] == "divergent"
