@@ -461,6 +461,8 @@ def test_gated_kernels_reset_the_state_at_cu_seqlens(name: str) -> None:
     ("fla.simple_gla.naive_recurrent", {"cu_seqlens": torch.tensor([0, 4, 6])}, "cu_seqlens was given"),
     ("fla.gla.naive_recurrent", {"scale": 0.5}, "scale=0.5: fla.gla.naive_recurrent always scales by K"),
     ("fla.simple_gla.fused_recurrent", {"chunk": 4}, r"unexpected keyword arguments \['chunk'\]"),
+    ("fla.simple_gla.fused_recurrent", {"chunk_size": 16}, "chunk_size=16: fla.simple_gla.fused_recurrent takes no"),
+    ("fla.gla.chunk", {"chunk_size": 16}, "chunk_size=16: fla.gla.chunk forms its chunks of 64 itself"),
 ])
 def test_gated_adapters_refuse_what_the_kernel_does_not_take(name: str, kwargs: dict, match: str) -> None:
     """A part of the contract the kernel does not declare is refused with the argument named, not dropped."""
@@ -739,6 +741,35 @@ def test_mamba_state_update_float32_softplus_is_mamba_ssm_s_own(mamba_path, monk
     assert shipped["verdict"] == "divergent" and shipped["cond_max"] > 2, shipped["why"]
     assert fixed["verdict"] == "equivalent", fixed["why"]
     assert shipped["cond_max"] > 10 * fixed["cond_max"]
+
+
+def test_mamba_chunk_scan_combined_float32_softplus_is_mamba_ssm_s_own(mamba_path) -> None:
+    """The same finding in Mamba-2's SSD: ``_chunk_cumsum_fwd_kernel`` applies the same softplus to dt before its
+    cumulative sums; with ieee dots (float32 held to float32) the kernel is divergent with ``dt_softplus``, and
+    equivalent with an accurate softplus in its place. (With TF32 dots, the default, TF32's rounding hides it.)"""
+    triton = pytest.importorskip("triton")
+
+    from harness.problems import Problem
+    from harness.runner import RunOptions, run_case
+
+    if not triton_interpreter.runs_interpreted():
+        pytest.skip("CUDA is present: mamba-ssm's kernels run compiled (tests/test_cuda_path.py)")
+    spec = BY_NAME["mamba_ssm.mamba_chunk_scan_combined.ieee"]
+    problem = Problem(family="ssd", length=20, dtype="float32", seed=0, regime="long_memory", heads=2, groups=1,
+                      dv=4, state=4, chunk_size=16, delta_softplus=True)
+    options = RunOptions(timeout_s=None, check_determinism=False)
+    shipped = run_case(spec, problem, options, kernel_fn=mamba_ssm_adapter._load_chunk_scan_combined(
+        "ieee", path=mamba_path))
+    patched = _mamba_module("mamba_ssm.ops.triton.ssd_combined", mamba_path)  # a fresh import of its own
+    patched._chunk_cumsum_fwd.__globals__["softplus"] = triton.jit(_softplus_log1p)  # ssd_chunk_state's globals
+
+    def accurate(*args, **kwargs):
+        with triton_interpreter.dot_input_precision("ieee"):
+            return patched.mamba_chunk_scan_combined(*args, **kwargs)
+
+    fixed = run_case(spec, problem, options, kernel_fn=accurate)
+    assert shipped["verdict"] == "divergent" and shipped["cond_max"] > 10, shipped["why"]
+    assert fixed["verdict"] == "equivalent", fixed["why"]
 
 
 def test_mamba_chunk_scan_combined_runs_interpreted(mamba_path) -> None:

@@ -271,6 +271,13 @@ class _GatedEntry:
     ``output_final_state`` (``final_state``), ``cu_seqlens`` (``varlen``), ``chunk_size`` (``chunked``).
     ``triton``: a Triton kernel (interpreted on the CPU) rather than fla's pure-PyTorch reference. The
     initial state is handed over in float32, fla's state dtype (``chunk_gla`` asserts it).
+
+    ``fixed_chunk``: the chunk size of a form that takes none but forms its cumulative log-decay sums in
+    chunks of its own (``chunk_gla`` 64, ``parallel_simple_gla`` 128, ``fused_chunk_simple_gla``
+    min(64, max(16, next_pow2(T))), nested in chunks of 64). It is declared as the only chunk size, so that
+    the harness holds the kernel to the chunk term of those chunks (the exponent of a difference of two
+    within-chunk cumulative sums, `reference_impls.gated_decay`), and accepted (and not passed on) only at
+    that value.
     """
 
     name: str
@@ -281,6 +288,7 @@ class _GatedEntry:
     triton: bool = True
     dots: bool = True
     chunked: bool = False
+    fixed_chunk: int | None = None  # a chunk size the entry point fixes itself (declared, so the bound knows it)
     scale: bool = True
     initial_state: bool = True
     final_state: bool = True
@@ -341,8 +349,14 @@ class _GatedEntry:
             kw["output_final_state"] = bool(output_final_state)
         if extra.get("cu_seqlens") is not None:
             kw["cu_seqlens"] = extra["cu_seqlens"].to(device=q.device, dtype=torch.long)
-        if self.chunked and extra.get("chunk_size") is not None:
-            kw["chunk_size"] = int(extra["chunk_size"])
+        chunk = extra.get("chunk_size")
+        if chunk is not None and self.fixed_chunk is not None and int(chunk) != self.fixed_chunk:
+            raise InvalidArgument(f"chunk_size={chunk!r}: fla.{self.name} forms its chunks of {self.fixed_chunk} "
+                                  f"itself; pass chunk_size={self.fixed_chunk} or None")
+        if chunk is not None and self.fixed_chunk is None and not self.chunked:
+            raise InvalidArgument(f"chunk_size={chunk!r}: fla.{self.name} takes no chunk size; pass None")
+        if self.chunked and chunk is not None:
+            kw["chunk_size"] = int(chunk)
         return kw
 
 
@@ -357,16 +371,18 @@ _GATED: tuple[_GatedEntry, ...] = (
     _GatedEntry("simple_gla.chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla", "chunk_simple_gla", chunked=True,
                 notes="Triton chunk form: chunk-local cumulative sums of g, exp2 of their differences"),
     _GatedEntry("simple_gla.fused_chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla", "fused_chunk_simple_gla",
-                notes="Triton fused chunk form (fla.ops.common.fused_chunk)"),
+                fixed_chunk=64, notes="Triton fused chunk form (fla.ops.common.fused_chunk); its chunks are "
+                                      "min(64, max(16, next_pow2(T))) steps, declared as 64"),
     _GatedEntry("simple_gla.fused_recurrent", Family.SIMPLE_GLA, "fla.ops.simple_gla", "fused_recurrent_simple_gla",
                 dots=False, notes="Triton recurrent form: one program per (batch, head, K/V block), loop over t"),
     _GatedEntry("simple_gla.parallel", Family.SIMPLE_GLA, "fla.ops.simple_gla", "parallel_simple_gla",
-                initial_state=False, final_state=False,
-                notes="Triton parallel (attention-like) form; takes no initial state and returns no final state"),
+                initial_state=False, final_state=False, fixed_chunk=128,
+                notes="Triton parallel (attention-like) form, cumulative log-decays in chunks of 128; takes no "
+                      "initial state and returns no final state"),
     _GatedEntry("gla.naive_recurrent", Family.GLA, "fla.ops.gla.naive", "naive_recurrent_gla", gate="gk",
                 triton=False, dots=False, scale=False, varlen=False,
                 notes="fla's pure-PyTorch recurrent reference in float32; always scales by K**-0.5"),
-    _GatedEntry("gla.chunk", Family.GLA, "fla.ops.gla", "chunk_gla",
+    _GatedEntry("gla.chunk", Family.GLA, "fla.ops.gla", "chunk_gla", fixed_chunk=64,
                 notes="Triton chunk form (chunk size fixed at 64 by chunk_gla)"),
     _GatedEntry("gla.fused_chunk", Family.GLA, "fla.ops.gla", "fused_chunk_gla",
                 notes="deprecated in fla 0.6.0 (raises NotImplementedError)"),
@@ -389,7 +405,7 @@ def _gated_caps(entry: _GatedEntry, *, ieee: bool = False) -> Capabilities:
         notes = f"{notes}; float32 tl.dot run with input_precision ieee (TRITON_F32_DEFAULT=ieee)"
     return Capabilities(
         dtypes=("float32",) if ieee else ("float32", "float16", "bfloat16"),
-        chunk_sizes=_CHUNK_SIZES if entry.chunked else None,
+        chunk_sizes=_CHUNK_SIZES if entry.chunked else (entry.fixed_chunk,) if entry.fixed_chunk else None,
         head_dims=_DOT_HEAD_DIMS if entry.triton and entry.dots else None,
         autograd=True,
         unsupported=unsupported,
