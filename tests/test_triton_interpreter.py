@@ -302,6 +302,13 @@ def test_cuda_device_properties_of_a_cpu_device_are_the_stand_in_gpu():
         torch.cuda.get_device_properties(torch.device("cpu"))
 
 
+def test_torch_cuda_corrections_are_not_listed_on_a_cuda_build(monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_exchangeDevice", lambda device: -1, raising=False)
+    listed = ti.describe()["corrections"]
+    assert "cuda_device_none_noop" not in listed and "cuda_device_properties_h100" not in listed
+    assert "bfloat16_via_float32" in listed
+
+
 # ------------------------------------------------------------------------------------------ the layer
 def test_untested_triton_version_makes_kernels_unavailable(monkeypatch):
     monkeypatch.setattr(ti, "TESTED_TRITON_VERSIONS", ("0.0.0",))

@@ -332,6 +332,11 @@ class Correction:
 
     name: str
     summary: str
+    torch_without_cuda: bool = False  # only for a torch built without CUDA (where the fallback it fixes runs)
+
+    def applies(self) -> bool:
+        """Whether this correction has anything to replace with the torch installed here."""
+        return not self.torch_without_cuda or not hasattr(torch._C, "_cuda_exchangeDevice")
 
 
 CORRECTIONS: tuple[Correction, ...] = (
@@ -343,11 +348,15 @@ CORRECTIONS: tuple[Correction, ...] = (
                                               "drops the low 13 fraction bits of the operands, ieee does not"),
     Correction("autotuner_pinned", "every autotuner runs its first surviving config, without benchmarking"),
     Correction("cuda_device_none_noop", "on a torch built without CUDA, torch.cuda.device(None) (a CPU tensor's "
-                                        "device index) is a no-op, as it is on a CUDA build"),
+                                        "device index) is a no-op, as it is on a CUDA build", torch_without_cuda=True),
     Correction("cuda_device_properties_h100", "on a torch built without CUDA, torch.cuda.get_device_properties of a "
                                               "CPU device describes the GPU the run stands in for (an H100 SXM: 132 "
-                                              "multiprocessors)"),
+                                              "multiprocessors)", torch_without_cuda=True),
 )
+
+def _by_name(name: str) -> Correction:
+    return next(c for c in CORRECTIONS if c.name == name)
+
 
 #: (correction, owner, attribute, original value) of every replacement in effect, in the order made
 _PATCHES: list[tuple[str, Any, str, Any]] = []
@@ -405,7 +414,7 @@ def describe() -> dict[str, Any]:
     interpreted = runs_interpreted() and _triton_version() is not None
     reason = corrections_unavailable_reason() if interpreted else None
     return {"interpreted": interpreted, "triton": _triton_version(),
-            "corrections": [] if not interpreted or reason else [c.name for c in CORRECTIONS],
+            "corrections": [] if not interpreted or reason else [c.name for c in CORRECTIONS if c.applies()],
             "corrections_unavailable": reason}
 
 
@@ -898,7 +907,7 @@ def _install_autotuner_pin() -> None:
 
 # -- cuda_device_none_noop
 def _install_cuda_device_none_noop() -> None:
-    if hasattr(torch._C, "_cuda_exchangeDevice"):  # a CUDA build: torch.cuda.device(None) already works
+    if not _by_name("cuda_device_none_noop").applies():  # a CUDA build: torch.cuda.device(None) already works
         return
     for attr in ("_exchange_device", "_maybe_exchange_device"):
         original = getattr(torch.cuda, attr)
@@ -931,7 +940,7 @@ INTERPRETED_DEVICE = InterpretedDeviceProperties(name="NVIDIA H100 (Triton inter
 
 
 def _install_cuda_device_properties() -> None:
-    if hasattr(torch._C, "_cuda_getDeviceCount"):  # a CUDA build: a CPU device is the caller's mistake there
+    if not _by_name("cuda_device_properties_h100").applies():  # a CUDA build: a CPU device is the caller's mistake
         return
     original = torch.cuda.get_device_properties
 
