@@ -65,6 +65,9 @@ SHAPES = {
     "selective_scan": {"batch": 2, "dim": 4, "state": 3},
     "retention": {"batch": 1, "heads": 2, "dk": 8, "dv": 8},
     "retention_normed": {"batch": 1, "heads": 2, "dk": 8, "dv": 8, "eps": 1e-6},
+    "simple_gla": {"batch": 1, "heads": 2, "dk": 8, "dv": 8},
+    "gla": {"batch": 1, "heads": 2, "dk": 8, "dv": 8},
+    "ssd": {"batch": 1, "heads": 2, "groups": 1, "dv": 8, "state": 8},
 }
 
 

@@ -8,7 +8,8 @@ float32 under strong decay (log-decay uniform in [-20, 0], T = 70, chunk 64) the
 errs by up to 52 times the sequential loop's bound u (growth + magnitude) and stays within the chunk
 term's u (growth + chunk_growth + magnitude) (at most 0.49 of it); the recurrent form stays within the
 sequential bound (0.34). The cumulative-product form returns NaN there, while the exact output is
-finite and small.
+finite and small. The in-tree ssd forms (dt bias, softplus, groups, D, z, seq_idx and initial/final
+states inside the kernel) agree with the ssd oracle, the recurrent one bit for bit.
 """
 
 from __future__ import annotations
@@ -165,13 +166,53 @@ def test_arguments_are_checked():
 
 def test_kernel_specs():
     names = {spec.name: spec for spec in gf.KERNELS}
-    assert set(names) == {f"intree.{name}" for name, _ in KERNELS}
+    assert set(names) == {f"intree.{name}" for name, _ in KERNELS} | {"intree.ssd_recurrent", "intree.ssd_chunk"}
     for spec in gf.KERNELS:
         caps = spec.capabilities
-        assert spec.family is (Family.GLA if spec.name.startswith("intree.gla") else Family.SIMPLE_GLA)
+        family = spec.name.split(".")[1].rsplit("_", 1)[0].removesuffix("_chunk")
+        assert spec.family is Family(family), spec.name
         assert caps.initial_state and caps.final_state and caps.varlen and caps.autograd
         assert caps.takes_chunk == ("chunk" in spec.name)
         assert spec.unavailable_reason() is None
+        if spec.family is Family.SSD:
+            x = torch.randn(2, 3, 2, 4, dtype=torch.float64)
+            out = spec.callable()(x, torch.rand(2, 3, 2, dtype=torch.float64), -torch.rand(2, dtype=torch.float64),
+                                  *(torch.randn(2, 3, 1, 5, dtype=torch.float64) for _ in range(2)), 2)
+            assert out.shape == x.shape
+            continue
         q, k, v, lg = _case(13, per_key=spec.family is Family.GLA, length=3)
         o, _ = spec.callable()(q, k, v, lg)
         assert o.shape == (2, 3, 2, 3)
+
+
+@pytest.mark.parametrize("name", ["ssd_recurrent", "ssd_chunk"])
+def test_ssd_forms_agree_with_the_oracle(name):
+    fn = getattr(gf, name)
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        batch, length, heads, headdim, groups, n_state = 2, 19, 4, 3, (1, 2, 4)[seed % 3], 5
+        x = torch.randn(batch, length, heads, headdim, generator=g, dtype=torch.float64)
+        dt = torch.rand(batch, length, heads, generator=g, dtype=torch.float64) * 3 - 1
+        A = -torch.rand(heads, generator=g, dtype=torch.float64) * 4
+        B, C = (torch.randn(batch, length, groups, n_state, generator=g, dtype=torch.float64) for _ in range(2))
+        opts = {
+            "D": torch.randn(heads, generator=g, dtype=torch.float64) if seed % 2 else
+            torch.randn(heads, headdim, generator=g, dtype=torch.float64),
+            "z": torch.randn(batch, length, heads, headdim, generator=g, dtype=torch.float64) if seed % 3 else None,
+            "dt_bias": torch.rand(heads, generator=g, dtype=torch.float64) if seed % 2 else None,
+            "dt_softplus": seed % 2 == 1,
+            "initial_states": torch.randn(batch, heads, headdim, n_state, generator=g, dtype=torch.float64)
+            if seed % 3 != 1 else None,
+            "seq_idx": torch.tensor([[0] * 5 + [1] * 9 + [2] * 5, [0] * 19]) if seed >= 3 else None,
+            "return_final_states": True,
+        }
+        chunk_size = (4, 7, 64)[seed % 3]
+        y_ref, s_ref = gd.ssd(x, dt, A, B, C, chunk_size, **opts)
+        y, s = fn(x, dt, A, B, C, chunk_size, **opts)
+        assert torch.allclose(y, y_ref, rtol=0, atol=1e-12) and torch.allclose(s, s_ref, rtol=0, atol=1e-12)
+        if name == "ssd_recurrent":
+            assert torch.equal(y, y_ref)  # the oracle's loop, operation for operation
+    assert fn(x, dt, A, B, C, 4).shape == x.shape  # y alone unless final states are asked for
+    three = torch.randn(batch, length, 3, n_state, dtype=torch.float64)
+    with pytest.raises(InvalidArgument, match=r"heads divisible by groups"):
+        fn(x, dt, A, three, three, 4)

@@ -115,6 +115,10 @@ def witness(family: str, chunked: bool) -> Problem:
         return Problem(family=fam, length=70, dtype="float64", batch=1, heads=2, dk=3, dv=4, regime="strong_decay",
                        chunk_size=64 if chunked else None, has_initial_state=True, final_state=True,
                        cu_seqlens=(0, 5, 70), seed=1)
+    if fam == "ssd":
+        return Problem(family=fam, length=9, dtype="float64", batch=2, heads=2, groups=1, dv=3, state=4,
+                       chunk_size=4 if chunked else None, has_D=True, has_z=True, has_delta_bias=True,
+                       delta_softplus=True, has_initial_state=True, final_state=True, cu_seqlens=(0, 4, 9), seed=1)
     chunk = 4 if chunked else None
     eps = 1e-5 if fam == "retention_normed" else None
     return Problem(family=fam, length=9, dtype="float64", batch=2, heads=2, dk=3, dv=4, chunk_size=chunk, eps=eps,

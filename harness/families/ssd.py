@@ -9,7 +9,7 @@ Problem fields: ``heads``; ``dv`` is P (the head dim), ``state`` is N, ``groups`
 divisor of heads, >= 1); ``has_D``, ``has_z``, ``has_delta_bias`` (dt_bias) and ``delta_softplus``
 (dt_softplus) as for the selective scan; ``has_initial_state``, ``final_state``; ``cu_seqlens`` the
 sequence boundaries of every row, passed as ``seq_idx``. ``chunk_size`` is the contract's positional
-argument (None for a kernel that takes none: the recurrent baseline).
+argument, passed to kernels that declare chunk sizes (the others keep their own default).
 
 Regimes (the log-decay of a step is ``dt' A``, dt' the step after bias and softplus):
 
@@ -137,7 +137,9 @@ class SSD(FamilyDef):
         return row.to(torch.int32).expand(p.batch, p.length).contiguous().to(device)
 
     def call_args(self, p, inputs, kwargs):
-        args = tuple(inputs[n] for n in self.arg_order) + (kwargs.pop("chunk_size", None),)
+        args = tuple(inputs[n] for n in self.arg_order)
+        if "chunk_size" in kwargs:  # positional, as mamba-ssm's; a kernel that takes none keeps its default
+            args = args + (kwargs.pop("chunk_size"),)
         for name in ("D", "z", "dt_bias", "initial_states"):
             if name in inputs:
                 kwargs[name] = inputs[name]

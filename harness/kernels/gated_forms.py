@@ -1,4 +1,5 @@
-"""In-tree gated-decay kernels (simple GLA and GLA, fla's layout) in three forms, pure torch.
+"""In-tree gated-decay kernels (simple GLA and GLA in fla's layout, Mamba-2's SSD in mamba-ssm's) in
+three forms, pure torch.
 
 All forms compute, per batch row and head, with ``a_t = exp(g_t)`` (one per head for simple_gla, one per
 key channel for gla) and a K x V state S::
@@ -27,6 +28,11 @@ All arithmetic is in the input dtype (the cumulative sums too); the query is sca
 ``cu_seqlens`` (batch 1, fla's convention) runs each packed sequence from its own initial state (row i
 of ``initial_state``) and returns one final-state row per sequence; chunks restart at each sequence.
 Inputs are never modified; everything is plain torch, so autograd works.
+
+`ssd_recurrent` and `ssd_chunk` are Mamba-2's SSD with mamba-ssm's ``mamba_chunk_scan_combined``
+signature, run through the recurrent and stable chunk forms by the oracle's mapping (``g = dt' A``,
+``k = B``, ``v = dt' x``, ``q = C``); dt's bias, softplus and clamp at 0, the grouping, D, z and the
+resets at ``seq_idx`` changes happen inside them, as in the real kernels.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from harness.errors import InvalidArgument
 from harness.kernels.contract import Capabilities, Family, KernelSpec
 
 __all__ = [
+    "ssd_chunk",
+    "ssd_recurrent",
     "gla_chunk",
     "gla_chunk_cumprod",
     "gla_recurrent",
@@ -232,6 +240,68 @@ for _fn, _name in ((simple_gla_recurrent, "simple_gla_recurrent"), (simple_gla_c
                    (gla_chunk, "gla_chunk"), (gla_chunk_cumprod, "gla_chunk_cumprod")):
     _fn.__name__ = _fn.__qualname__ = _name  # picklable by name (worker processes get kernels by reference)
 
+# ----------------------------------------------------------------------------------------------------
+# ssd (Mamba-2, mamba-ssm's layout) through the same forms
+
+
+def _ssd(form, x, dt, A, B, C, chunk_size=DEFAULT_CHUNK, D=None, z=None, dt_bias=None, dt_softplus=False,
+         initial_states=None, seq_idx=None, return_final_states=False):
+    """Mamba-2's SSD as the simple-GLA form ``form`` (the mapping of `reference_impls.gated_decay`), with
+    dt's bias, softplus (threshold 20) and clamp at 0, the grouping of B and C, D, z and the resets at
+    ``seq_idx`` changes computed here, in the input dtype."""
+    if x.dim() != 4 or dt.shape != x.shape[:3] or A.shape != x.shape[2:3] or B.dim() != 4 or B.shape != C.shape \
+            or B.shape[:2] != x.shape[:2] or x.shape[2] % B.shape[2]:
+        raise InvalidArgument(f"x.shape={tuple(x.shape)}, dt.shape={tuple(dt.shape)}, A.shape={tuple(A.shape)}, "
+                              f"B.shape={tuple(B.shape)}, C.shape={tuple(C.shape)}; expected x (batch, T, heads, P), "
+                              "dt (batch, T, heads), A (heads,), B, C (batch, T, groups, N), heads divisible by groups")
+    chunk_size = _positive_int("chunk_size", chunk_size)
+    heads, groups = x.shape[2], B.shape[2]
+    if dt_bias is not None:
+        dt = dt + dt_bias
+    if dt_softplus:
+        dt = torch.nn.functional.softplus(dt, beta=1.0, threshold=20.0)
+    dt = dt.clamp(min=0.0)
+    g = (dt * A)[..., None]
+    k, q = (t.repeat_interleave(heads // groups, dim=2) for t in (B, C))
+    v = dt[..., None] * x
+    h0 = None if initial_states is None else initial_states.to(x.dtype).transpose(-1, -2)
+    if seq_idx is None:
+        o, state = form(q, k, v, g, 1.0, h0, chunk_size)
+    else:
+        rows_o, rows_s = [], []
+        for b in range(x.shape[0]):
+            ids = [int(i) for i in seq_idx[b]]
+            cuts = [0] + [t for t in range(1, len(ids)) if ids[t] != ids[t - 1]] + [len(ids)]
+            state, pieces = None if h0 is None else h0[b:b + 1], []
+            for i, (t0, t1) in enumerate(zip(cuts[:-1], cuts[1:])):
+                sl = (slice(b, b + 1), slice(t0, t1))
+                o_seg, state = form(q[sl], k[sl], v[sl], g[sl], 1.0, state if i == 0 else None, chunk_size)
+                pieces.append(o_seg)
+            rows_o.append(torch.cat(pieces, dim=1))
+            rows_s.append(state)
+        o, state = torch.cat(rows_o), torch.cat(rows_s)
+    y = o
+    if D is not None:
+        y = y + x * (D[:, None] if D.dim() == 1 else D)
+    if z is not None:
+        y = y * torch.nn.functional.silu(z)
+    return (y, state.transpose(-1, -2)) if return_final_states else y
+
+
+def ssd_recurrent(x, dt, A, B, C, chunk_size=DEFAULT_CHUNK, D=None, z=None, dt_bias=None, dt_softplus=False,
+                  initial_states=None, seq_idx=None, return_final_states=False):
+    """Mamba-2 SSD, one step per t (`recurrent_form`); ``chunk_size`` is accepted and unused."""
+    return _ssd(recurrent_form, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, seq_idx,
+                return_final_states)
+
+
+def ssd_chunk(x, dt, A, B, C, chunk_size=DEFAULT_CHUNK, D=None, z=None, dt_bias=None, dt_softplus=False,
+              initial_states=None, seq_idx=None, return_final_states=False):
+    """Mamba-2 SSD, stable chunk form (`chunk_form`); chunks restart at each seq_idx sequence."""
+    return _ssd(chunk_form, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, seq_idx,
+                return_final_states)
+
+
 _STATEFUL = dict(autograd=True, matmuls=True, initial_state=True, final_state=True, varlen=True)
 RECURRENT_CAPS = Capabilities(**_STATEFUL)
 CHUNK_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL)
@@ -257,4 +327,8 @@ KERNELS: list[KernelSpec] = [
           "GLA, chunk form with exponents of differences of cumulative sums (stable), any chunk size"),
     _spec("intree.gla_chunk_cumprod", Family.GLA, gla_chunk_cumprod, CUMPROD_CAPS,
           "GLA, chunk form through the cumulative product exp(-cumsum): overflows under strong decay"),
+    _spec("intree.ssd_recurrent", Family.SSD, ssd_recurrent, RECURRENT_CAPS,
+          "Mamba-2 SSD (dt bias, softplus, groups, D, z, seq_idx inside), a loop over t in the input dtype"),
+    _spec("intree.ssd_chunk", Family.SSD, ssd_chunk, CHUNK_CAPS,
+          "Mamba-2 SSD (dt bias, softplus, groups, D, z, seq_idx inside), stable chunk form, any chunk size"),
 ]
