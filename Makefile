@@ -27,7 +27,7 @@ PYTEST_WORKERS ?= 2
 RUN ?= reports/latest
 PROFILE ?= ci
 
-.PHONY: install install-kernels bench-peers device-bundle test test-install test-fast test-gpu test-gpu-dry report sweep seeds bench gate baseline calibrate calibrate-nightly clean
+.PHONY: install install-kernels install-mamba-ssm bench-peers device-bundle test test-install test-fast test-gpu test-gpu-dry report sweep seeds bench gate baseline calibrate calibrate-nightly clean
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_CPU)"
@@ -37,6 +37,15 @@ install:
 install-kernels:
 	$(PIP) install --no-deps $(THIRD_PARTY)
 	$(PYTHON) -c "import triton" 2>/dev/null || $(PIP) install --no-deps "$(TRITON)"
+
+# mamba-ssm built without its CUDA extension, into this environment, so that its Triton kernels (selective_state_update,
+# mamba_chunk_scan_combined) run here through the corrected Triton interpreter (docs/adapters.md). Not part of
+# `make install`: PyPI has only its source (built here with --no-build-isolation against the installed torch), and
+# a machine that already has mamba-ssm (a CUDA build) keeps it.
+install-mamba-ssm:
+	@if $(PYTHON) -c "import importlib.util as u, sys; sys.exit(u.find_spec('mamba_ssm') is None)"; then \
+	  echo "install-mamba-ssm: mamba-ssm is already installed here; left as it is"; \
+	else MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE $(PIP) install --no-deps --no-build-isolation "$(MAMBA_SSM)"; fi
 
 # Best effort: the bundle lets the GPU dry run (tests/test_cuda_path.py) import every package the way the GPU
 # machine will; without it (no PyPI here) those checks skip with the reason and the rest runs as before.

@@ -472,7 +472,8 @@ def test_dry_run_imports_every_package_from_the_bundle(dry_run: dict) -> None:
     for name, where in header["packages"].items():
         assert where and where.startswith(str(BUNDLE)), (name, where)
     left_out = header["kernels_left_out"]
-    assert left_out["mamba_ssm.selective_state_update"].startswith("needs a CUDA device")
+    # mamba-ssm's Triton kernels need no CUDA extension: here they run from the bundle under the interpreter
+    assert "mamba_ssm.selective_state_update" not in left_out, left_out.get("mamba_ssm.selective_state_update")
     assert "without its CUDA extension 'selective_scan_cuda'" in left_out["mamba_ssm.selective_scan_fn"]
     ran = set(header["kernels"])
     assert {"mambapy.pscan", "torchscale.recurrent", "yar.chunkwise", "accelerated_scan.ref",

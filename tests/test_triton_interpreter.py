@@ -228,6 +228,87 @@ def test_dot_input_precision_sets_the_default_and_restores_it():
             pass
 
 
+class _DotThenDot(torch.autograd.Function):
+    """y = a @ b through the Triton ``_dot`` at the default (tf32) precision, forward and backward: a package's
+    backward kernels run when gradients are asked for, after the call returned."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        out = torch.empty(16, 16)
+        _dot[(1,)](a.contiguous(), b.contiguous(), out, M=16, PREC="default")
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        da = torch.empty(16, 16)
+        _dot[(1,)](grad.contiguous(), b.t().contiguous(), da, M=16, PREC="default")
+        return da, None
+
+
+def test_call_in_dot_precision_runs_the_backward_in_the_same_precision():
+    g = _gen(6)
+    a, b, w = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    exact = w.double() @ b.double().t()  # d(sum(w * (a @ b)))/da
+
+    def grad_of(run) -> torch.Tensor:
+        leaf = a.clone().requires_grad_()
+        (run(leaf) * w).sum().backward()
+        return leaf.grad.double()
+
+    ieee = grad_of(lambda x: ti.call_in_dot_precision("ieee", _DotThenDot.apply, x, b))
+    assert (ieee - exact).abs().max() < 1e-5
+
+    def forward_only(x):  # the precision around the call alone: the backward runs later, in tf32
+        with ti.dot_input_precision("ieee"):
+            return _DotThenDot.apply(x, b)
+
+    assert (grad_of(forward_only) - exact).abs().max() > 1e-3
+    with torch.no_grad():  # no gradient wanted: a plain call in the precision
+        out = ti.call_in_dot_precision("ieee", _DotThenDot.apply, a, b)
+    assert (out.double() - a.double() @ b.double()).abs().max() < 1e-5
+    two = ti.call_in_dot_precision("ieee", lambda x, y: (_DotThenDot.apply(x, y), None), a.requires_grad_(), b)
+    assert isinstance(two, tuple) and two[1] is None and two[0].requires_grad
+
+
+# ------------------------------------------------------------------------------------------ torch.cuda
+_CPU_TORCH = pytest.mark.skipif(hasattr(torch._C, "_cuda_exchangeDevice"),
+                                reason="torch built with CUDA: torch.cuda.device(None) works there already")
+
+
+@_CPU_TORCH
+def test_cuda_device_of_a_cpu_tensor_is_a_noop():
+    """mamba-ssm launches every kernel under ``torch.cuda.device(x.device.index)``; a CPU tensor's index is None."""
+    with torch.cuda.device(torch.zeros(1).device.index):
+        pass
+    with torch.cuda.device(-1):
+        pass
+    with pytest.raises(RuntimeError, match="without CUDA"):  # a real device still cannot be entered
+        with torch.cuda.device(0):
+            pass
+    with ti.plain_interpreter(), pytest.raises(TypeError):
+        with torch.cuda.device(None):
+            pass
+
+
+@_CPU_TORCH
+def test_cuda_device_properties_of_a_cpu_device_are_the_stand_in_gpu():
+    props = torch.cuda.get_device_properties(torch.device("cpu"))
+    assert props is ti.INTERPRETED_DEVICE and props.multi_processor_count == 132
+    with pytest.raises(Exception):  # a CUDA device on a torch without CUDA still raises
+        torch.cuda.get_device_properties(torch.device("cuda", 0))
+    with ti.plain_interpreter(), pytest.raises(Exception):
+        torch.cuda.get_device_properties(torch.device("cpu"))
+
+
+def test_torch_cuda_corrections_are_not_listed_on_a_cuda_build(monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_exchangeDevice", lambda device: -1, raising=False)
+    listed = ti.describe()["corrections"]
+    assert "cuda_device_none_noop" not in listed and "cuda_device_properties_h100" not in listed
+    assert "bfloat16_via_float32" in listed
+
+
 # ------------------------------------------------------------------------------------------ the layer
 def test_untested_triton_version_makes_kernels_unavailable(monkeypatch):
     monkeypatch.setattr(ti, "TESTED_TRITON_VERSIONS", ("0.0.0",))

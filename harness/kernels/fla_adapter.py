@@ -15,11 +15,21 @@ backward):
   data-independent ``g_gamma`` (H,);
 - ``fla.chunk_gla``, ``fla.fused_chunk_gla``, ``fla.fused_recurrent_gla`` (``fla.ops.gla``): given a
   per-key-channel log-decay ``g`` of shape (B, T, H, K), here the constant ``log(gamma_h)`` on every channel.
-  These serve the gated family once it exists; until then a constant decay makes them retention.
+  With a constant decay they are retention; the gated families register them again with the caller's g.
 
-The adapter builds every ``g`` from the declared (RetNet) convention in float64 and rounds it once to
-float32, hands fla fresh contiguous copies of q, k, v (differentiable: the gradient check drives fla's
-backward kernels through them) and returns o in the input dtype.
+The same entry points, and fla's pure-PyTorch references, are also registered in the gated families of
+issue 14 (`Family.SIMPLE_GLA`, `Family.GLA`), in fla's own layout ``fn(q, k, v, g, scale=None,
+initial_state=None, output_final_state=False) -> (o, final_state)`` with ``chunk_size=`` (chunked forms) and
+``cu_seqlens=`` (variable-length forms): ``fla.simple_gla.{naive_recurrent, naive_chunk, chunk, fused_chunk,
+fused_recurrent, parallel}`` and ``fla.gla.{naive_recurrent, chunk, fused_chunk, fused_recurrent}``. There the
+log-decay g is the caller's (the harness draws it); each declares what it takes (``initial_state``,
+``final_state``, ``varlen``) and refuses the rest with a clear error; the initial state is handed over in
+float32, fla's state dtype. ``parallel_simple_gla`` takes no initial state and returns no final state;
+``naive_recurrent_gla`` always scales by K**-0.5 and takes no cu_seqlens; the references compute in float32.
+
+For the retention registrations the adapter builds every ``g`` from the declared (RetNet) convention in
+float64 and rounds it once to float32, hands fla fresh contiguous copies of q, k, v (differentiable: the
+gradient check drives fla's backward kernels through them) and returns o in the input dtype.
 
 TF32. fla's float32 ``tl.dot`` calls name no ``input_precision``, so on an sm_80+ GPU they run in TF32
 whatever torch's TF32 flags say (Triton's default). Every kernel with a ``tl.dot`` therefore declares
@@ -29,8 +39,9 @@ fraction bits), on CUDA and on the CPU, where the interpreter reproduces the GPU
 (`harness.kernels.triton_interpreter`, ``dot_float32_input_precision``). Each such kernel has a
 ``<name>.ieee`` twin, float32 only, run with ``TRITON_F32_DEFAULT=ieee``
 (`triton_interpreter.dot_input_precision`) and held to float32: the pair tells how much of a kernel's
-float32 error on an H100 comes from TF32. The twins' gradients are not checked (``autograd=False``): fla's
-backward runs after the call returned, outside the precision setting.
+float32 error on an H100 comes from TF32. The twins' gradients are checked too: fla's backward runs when the
+caller asks for gradients, after the call returned, so `triton_interpreter.call_in_dot_precision` makes the
+call one autograd node whose backward re-enters ``ieee`` for fla's backward kernels.
 
 On a machine without CUDA the kernels run under the Triton interpreter with its corrections: ``load`` turns
 it on before importing fla, and then runs the kernel once on a tiny case (1 x 16 x 1 x 16, float32), so that
@@ -57,7 +68,7 @@ from typing import Callable
 
 import torch
 
-from harness.errors import KernelUnavailable
+from harness.errors import InvalidArgument, KernelUnavailable
 from harness.kernels import triton_interpreter
 from harness.kernels.contract import Capabilities, Family, KernelSpec, require_module, retnet_gammas
 
@@ -137,8 +148,8 @@ def _wrap(name: str, call: Callable, *, chunked: bool, precision: str | None) ->
 
     def fla_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
         qc, kc, vc = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-        with triton_interpreter.dot_input_precision(precision):
-            return call(qc, kc, vc, **kwargs).to(q.dtype)
+        out = triton_interpreter.call_in_dot_precision(precision, functools.partial(call, **kwargs), qc, kc, vc)
+        return out.to(q.dtype)
 
     fla_kernel.__name__ = name.split(".")[-1]
     _probe(name, (lambda q, k, v: fla_kernel(q, k, v, chunk_size=16)) if chunked else fla_kernel)
@@ -223,9 +234,9 @@ def _caps(entry: _Entry, *, ieee: bool = False) -> Capabilities:
         dtypes=dtypes,
         chunk_sizes=_CHUNK_SIZES if entry.chunked else None,
         head_dims=_DOT_HEAD_DIMS if entry.dots else None,
-        # fla's Triton backward kernels, checked by harness.gradients; not for the .ieee twins, whose backward
-        # runs after the call returned, outside the precision setting (so in TF32 like the default's)
-        autograd=not ieee,
+        # fla's Triton backward kernels, checked by harness.gradients; the .ieee twins' too, run in ieee like their
+        # forward (triton_interpreter.call_in_dot_precision)
+        autograd=True,
         unsupported=unsupported,
         slow=triton_interpreter.runs_interpreted(),
         computes_in=computes_in,
@@ -246,4 +257,182 @@ def _spec(entry: _Entry, *, ieee: bool = False) -> KernelSpec:
     )
 
 
-KERNELS: list[KernelSpec] = [_spec(e) for e in _ENTRIES] + [_spec(e, ieee=True) for e in _ENTRIES if e.dots]
+# ------------------------------------------------------------------------------------ gated families
+_NAIVE_FLOAT32 = ("fla's naive reference computes in float32 (its inputs .float()), so float64 is not a precision "
+                  "it offers")
+
+
+@dataclass(frozen=True)
+class _GatedEntry:
+    """One fla entry point driven as a gated family (``simple_gla`` or ``gla``), in fla's own layout.
+
+    ``gate``: the keyword fla names the log-decay (``g``; ``gk`` for the recurrent gla forms). The other
+    flags say which parts of the contract the entry point takes: ``scale``, ``initial_state``,
+    ``output_final_state`` (``final_state``), ``cu_seqlens`` (``varlen``), ``chunk_size`` (``chunked``).
+    ``triton``: a Triton kernel (interpreted on the CPU) rather than fla's pure-PyTorch reference. The
+    initial state is handed over in float32, fla's state dtype (``chunk_gla`` asserts it).
+
+    ``fixed_chunk``: the chunk size of a form that takes none but forms its cumulative log-decay sums in
+    chunks of its own (``chunk_gla`` 64, ``parallel_simple_gla`` 128, ``fused_chunk_simple_gla``
+    min(64, max(16, next_pow2(T))), nested in chunks of 64). It is declared as the only chunk size, so that
+    the harness holds the kernel to the chunk term of those chunks (the exponent of a difference of two
+    within-chunk cumulative sums, `reference_impls.gated_decay`), and accepted (and not passed on) only at
+    that value.
+    """
+
+    name: str
+    family: Family
+    module: str
+    attr: str
+    gate: str = "g"
+    triton: bool = True
+    dots: bool = True
+    chunked: bool = False
+    fixed_chunk: int | None = None  # a chunk size the entry point fixes itself (declared, so the bound knows it)
+    scale: bool = True
+    initial_state: bool = True
+    final_state: bool = True
+    varlen: bool = True
+    notes: str = ""
+
+    def load(self, precision: str | None = None) -> Callable:
+        module = import_fla(self.module)  # the references too: importing fla decorates all its kernels
+        fn = getattr(module, self.attr)
+        entry = self
+        suffix = "" if precision is None else f".{precision}"
+        name = f"fla.{self.name}{suffix}"
+
+        def fla_gated(q, k, v, g, scale=None, initial_state=None, output_final_state=False, **kwargs):
+            kw = entry.arguments(q, g, scale, initial_state, output_final_state, kwargs)
+            q, k, v, g = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v, g))
+            h0 = kw.pop("initial_state", None)
+
+            def run(q, k, v, g, h0):
+                return tuple(fn(q=q, k=k, v=v, **{entry.gate: g}, **({"initial_state": h0} if h0 is not None else {}),
+                                **kw)[:2])
+
+            o, final = triton_interpreter.call_in_dot_precision(precision, run, q, k, v, g, h0)
+            return o.to(q.dtype), (final if output_final_state else None)
+
+        fla_gated.__name__ = self.attr
+        if self.triton:
+            def probe(q, k, v):
+                g = torch.full(q.shape[:3] if self.family is Family.SIMPLE_GLA else q.shape, -0.1, device=q.device)
+                return fla_gated(q, k, v, g, **({"chunk_size": 16} if self.chunked else {}))[0]
+            _probe(name, probe)
+        return fla_gated
+
+    def arguments(self, q, g, scale, initial_state, output_final_state, extra: dict) -> dict:
+        """fla's keyword arguments for one call; a part of the contract the entry point lacks is refused."""
+        unknown = sorted(set(extra) - {"chunk_size", "cu_seqlens"})
+        if unknown:
+            raise InvalidArgument(f"fla.{self.name} got unexpected keyword arguments {unknown}; expected chunk_size "
+                                  "(chunked kernels) or cu_seqlens (variable-length kernels)")
+        kw: dict = {}
+        default_scale = q.shape[-1] ** -0.5
+        if self.scale:
+            kw["scale"] = scale
+        elif scale is not None and scale != default_scale:
+            raise InvalidArgument(f"scale={scale!r}: fla.{self.name} always scales by K**-0.5 = {default_scale!r}; "
+                                  "pass scale=None")
+        for flag, value, what in (("initial_state", initial_state is not None, "initial_state"),
+                                  ("final_state", bool(output_final_state), "output_final_state=True"),
+                                  ("varlen", extra.get("cu_seqlens") is not None, "cu_seqlens")):
+            if value and not getattr(self, flag):
+                raise InvalidArgument(f"{what} was given, but fla.{self.name} does not take it (declared "
+                                      f"{flag}=False)")
+        if initial_state is not None:
+            # fla keeps its states in float32 (chunk_gla asserts it, naive_chunk's matmul needs it): exact from
+            # float32, float16 and bfloat16
+            kw["initial_state"] = initial_state.to(torch.float32).clone(memory_format=torch.contiguous_format)
+        if self.final_state:
+            kw["output_final_state"] = bool(output_final_state)
+        if extra.get("cu_seqlens") is not None:
+            kw["cu_seqlens"] = extra["cu_seqlens"].to(device=q.device, dtype=torch.long)
+        chunk = extra.get("chunk_size")
+        if chunk is not None and self.fixed_chunk is not None and int(chunk) != self.fixed_chunk:
+            raise InvalidArgument(f"chunk_size={chunk!r}: fla.{self.name} forms its chunks of {self.fixed_chunk} "
+                                  f"itself; pass chunk_size={self.fixed_chunk} or None")
+        if chunk is not None and self.fixed_chunk is None and not self.chunked:
+            raise InvalidArgument(f"chunk_size={chunk!r}: fla.{self.name} takes no chunk size; pass None")
+        if self.chunked and chunk is not None:
+            kw["chunk_size"] = int(chunk)
+        return kw
+
+
+_GATED: tuple[_GatedEntry, ...] = (
+    _GatedEntry("simple_gla.naive_recurrent", Family.SIMPLE_GLA, "fla.ops.simple_gla.naive",
+                "naive_recurrent_simple_gla", triton=False, dots=False, varlen=False,
+                notes="fla's pure-PyTorch recurrent reference: a loop over t in float32"),
+    _GatedEntry("simple_gla.naive_chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla.naive", "naive_chunk_simple_gla",
+                triton=False, chunked=True, varlen=False,
+                notes="fla's pure-PyTorch chunk reference (exp of differences of within-chunk cumulative sums), "
+                      "float32"),
+    _GatedEntry("simple_gla.chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla", "chunk_simple_gla", chunked=True,
+                notes="Triton chunk form: chunk-local cumulative sums of g, exp2 of their differences"),
+    _GatedEntry("simple_gla.fused_chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla", "fused_chunk_simple_gla",
+                fixed_chunk=64, notes="Triton fused chunk form (fla.ops.common.fused_chunk); its chunks are "
+                                      "min(64, max(16, next_pow2(T))) steps, declared as 64"),
+    _GatedEntry("simple_gla.fused_recurrent", Family.SIMPLE_GLA, "fla.ops.simple_gla", "fused_recurrent_simple_gla",
+                dots=False, notes="Triton recurrent form: one program per (batch, head, K/V block), loop over t"),
+    _GatedEntry("simple_gla.parallel", Family.SIMPLE_GLA, "fla.ops.simple_gla", "parallel_simple_gla",
+                initial_state=False, final_state=False, fixed_chunk=128,
+                notes="Triton parallel (attention-like) form, cumulative log-decays in chunks of 128; takes no "
+                      "initial state and returns no final state"),
+    _GatedEntry("gla.naive_recurrent", Family.GLA, "fla.ops.gla.naive", "naive_recurrent_gla", gate="gk",
+                triton=False, dots=False, scale=False, varlen=False,
+                notes="fla's pure-PyTorch recurrent reference in float32; always scales by K**-0.5"),
+    _GatedEntry("gla.chunk", Family.GLA, "fla.ops.gla", "chunk_gla", fixed_chunk=64,
+                notes="Triton chunk form (chunk size fixed at 64 by chunk_gla)"),
+    _GatedEntry("gla.fused_chunk", Family.GLA, "fla.ops.gla", "fused_chunk_gla",
+                notes="deprecated in fla 0.6.0 (raises NotImplementedError)"),
+    _GatedEntry("gla.fused_recurrent", Family.GLA, "fla.ops.gla", "fused_recurrent_gla", gate="gk", dots=False,
+                notes="Triton recurrent form, per-key-channel gate gk; loop over t"),
+)
+
+
+def _gated_caps(entry: _GatedEntry, *, ieee: bool = False) -> Capabilities:
+    unsupported = {"float64": _FLOAT64 if entry.triton else _NAIVE_FLOAT32}
+    cpu = triton_interpreter.cpu_unavailable_reason() if entry.triton else None
+    if cpu:
+        unsupported["cpu"] = cpu
+    computes_in: dict[str, str] = {}
+    notes = entry.notes
+    if entry.triton and entry.dots and not ieee:
+        computes_in["float32"] = "tf32_rz"
+        notes = f"{notes}; float32: {_TF32}"
+    if ieee:
+        notes = f"{notes}; float32 tl.dot run with input_precision ieee (TRITON_F32_DEFAULT=ieee)"
+    return Capabilities(
+        dtypes=("float32",) if ieee else ("float32", "float16", "bfloat16"),
+        chunk_sizes=_CHUNK_SIZES if entry.chunked else (entry.fixed_chunk,) if entry.fixed_chunk else None,
+        head_dims=_DOT_HEAD_DIMS if entry.triton and entry.dots else None,
+        autograd=True,
+        unsupported=unsupported,
+        slow=entry.triton and triton_interpreter.runs_interpreted(),
+        computes_in=computes_in,
+        matmuls=entry.dots,
+        notes=notes,
+        initial_state=entry.initial_state,
+        final_state=entry.final_state,
+        varlen=entry.varlen,
+    )
+
+
+def _gated_spec(entry: _GatedEntry, *, ieee: bool = False) -> KernelSpec:
+    precision = "ieee" if ieee else None
+    kind = "Triton" if entry.triton else "PyTorch reference"
+    return KernelSpec(
+        name=f"fla.{entry.name}" + (".ieee" if ieee else ""),
+        family=entry.family,
+        load=functools.partial(entry.load, precision),
+        capabilities=_gated_caps(entry, ieee=ieee),
+        description=f"{entry.module}.{entry.attr} ({kind})" + (" with float32 dots in ieee" if ieee else ""),
+        source=PACKAGE,
+    )
+
+
+KERNELS: list[KernelSpec] = (
+    [_spec(e) for e in _ENTRIES] + [_spec(e, ieee=True) for e in _ENTRIES if e.dots]
+    + [_gated_spec(e) for e in _GATED] + [_gated_spec(e, ieee=True) for e in _GATED if e.triton and e.dots]
+)

@@ -51,6 +51,18 @@ Triton packages (``fla``, ``accelerated_scan.scalar``) run where there is no GPU
      are plain float32 products. The interpreter ignored the setting and always computed ``ieee``.
    - ``autotuner_pinned``: every ``Autotuner`` keeps only the first config its own pruning leaves (2. above),
      whichever package defined it, a user's own included.
+   - ``cuda_device_none_noop``: Triton launchers written for the GPU wrap their launch in
+     ``with torch.cuda.device(x.device.index):`` (every mamba-ssm kernel). On a torch built with CUDA, ``None``
+     there means "the current device" and nothing changes; on a torch built without CUDA the fallback
+     ``torch.cuda._exchange_device(None)`` compares ``None < 0`` and raises ``TypeError``. A ``None`` (or
+     negative) index is then "no device", the fallback's own answer for ``-1``. Applied only on a torch
+     without CUDA (where the fallback is what runs); a real index still raises as before.
+   - ``cuda_device_properties_h100``: launchers that size their grid from the GPU ask
+     ``torch.cuda.get_device_properties(x.device).multi_processor_count`` (mamba-ssm's SSD backward splits
+     the heads of a group over programs by it, and then sums the splits). On a torch built without CUDA that
+     raises; for a CPU device it now returns `INTERPRETED_DEVICE`, the properties of the GPU the interpreted
+     run stands in for (an H100 SXM, 132 multiprocessors), so the split, and the order of the sums, is the
+     one that GPU makes. Other devices still raise.
 
    The layer is put in place wherever triton is imported under the harness: `install` (called by the CLI,
    the pytest session, `enable_interpreter` and the loading of a user's kernel) applies the corrections now
@@ -88,6 +100,7 @@ __all__ = [
     "enable_interpreter",
     "is_interpreted",
     "compiled_kernels",
+    "compiled_kernels_of",
     "require_interpreted",
     "pin_autotuner",
     "pin_autotuners",
@@ -102,6 +115,8 @@ __all__ = [
     "require_corrections",
     "plain_interpreter",
     "dot_input_precision",
+    "call_in_dot_precision",
+    "INTERPRETED_DEVICE",
     "describe",
 ]
 
@@ -210,18 +225,25 @@ def compiled_kernels(package: str) -> list[str]:
     Only plain ``JITFunction``s count: subclasses such as Gluon's ``GluonJITFunction`` (``fla.ops.attnres``)
     are never interpreted, whatever the variable says, and the adapters do not call them.
     """
-    from triton.runtime.jit import JITFunction
-
     found = []
     prefix = package + "."
     for name, module in list(sys.modules.items()):
         if module is None or not (name == package or name.startswith(prefix)):
             continue
-        for attr, value in list(vars(module).items()):
-            for obj in _wrapped_chain(value):
-                if type(obj) is JITFunction:  # an interpreted kernel is an InterpretedFunction instead
-                    found.append(f"{name}.{attr}")
-                    break
+        found.extend(compiled_kernels_of(module))
+    return found
+
+
+def compiled_kernels_of(module: Any) -> list[str]:
+    """`compiled_kernels` of one module object (also one imported outside ``sys.modules``), by qualified name."""
+    from triton.runtime.jit import JITFunction
+
+    found = []
+    for attr, value in list(vars(module).items()):
+        for obj in _wrapped_chain(value):
+            if type(obj) is JITFunction:  # an interpreted kernel is an InterpretedFunction instead
+                found.append(f"{module.__name__}.{attr}")
+                break
     return found
 
 
@@ -310,6 +332,11 @@ class Correction:
 
     name: str
     summary: str
+    torch_without_cuda: bool = False  # only for a torch built without CUDA (where the fallback it fixes runs)
+
+    def applies(self) -> bool:
+        """Whether this correction has anything to replace with the torch installed here."""
+        return not self.torch_without_cuda or not hasattr(torch._C, "_cuda_exchangeDevice")
 
 
 CORRECTIONS: tuple[Correction, ...] = (
@@ -320,7 +347,16 @@ CORRECTIONS: tuple[Correction, ...] = (
     Correction("dot_float32_input_precision", "tl.dot on float32 honours input_precision: tf32 (the GPU default) "
                                               "drops the low 13 fraction bits of the operands, ieee does not"),
     Correction("autotuner_pinned", "every autotuner runs its first surviving config, without benchmarking"),
+    Correction("cuda_device_none_noop", "on a torch built without CUDA, torch.cuda.device(None) (a CPU tensor's "
+                                        "device index) is a no-op, as it is on a CUDA build", torch_without_cuda=True),
+    Correction("cuda_device_properties_h100", "on a torch built without CUDA, torch.cuda.get_device_properties of a "
+                                              "CPU device describes the GPU the run stands in for (an H100 SXM: 132 "
+                                              "multiprocessors)", torch_without_cuda=True),
 )
+
+def _by_name(name: str) -> Correction:
+    return next(c for c in CORRECTIONS if c.name == name)
+
 
 #: (correction, owner, attribute, original value) of every replacement in effect, in the order made
 _PATCHES: list[tuple[str, Any, str, Any]] = []
@@ -378,7 +414,7 @@ def describe() -> dict[str, Any]:
     interpreted = runs_interpreted() and _triton_version() is not None
     reason = corrections_unavailable_reason() if interpreted else None
     return {"interpreted": interpreted, "triton": _triton_version(),
-            "corrections": [] if not interpreted or reason else [c.name for c in CORRECTIONS],
+            "corrections": [] if not interpreted or reason else [c.name for c in CORRECTIONS if c.applies()],
             "corrections_unavailable": reason}
 
 
@@ -463,7 +499,9 @@ def apply_corrections(module: Any = None) -> list[str]:
     installers = {"loop_induction_int32": _install_loop_induction, "bfloat16_via_float32": _install_bfloat16,
                   "dot_low_precision_float32_acc": _install_low_precision_dot,
                   "dot_float32_input_precision": _install_float32_dot,
-                  "autotuner_pinned": lambda _module: _install_autotuner_pin()}
+                  "autotuner_pinned": lambda _module: _install_autotuner_pin(),
+                  "cuda_device_none_noop": lambda _module: _install_cuda_device_none_noop(),
+                  "cuda_device_properties_h100": lambda _module: _install_cuda_device_properties()}
     active = set(active_corrections())
     for correction in CORRECTIONS:
         if correction.name in active:
@@ -545,6 +583,56 @@ def dot_input_precision(precision: str | None) -> Iterator[None]:
             os.environ["TRITON_F32_DEFAULT"] = saved_env
         if saved_override is not _MISSING:
             lang.__dict__["fp32_default"] = saved_override
+
+
+def call_in_dot_precision(precision: str | None, fn: Callable, *tensors: Any) -> Any:
+    """``fn(*tensors)`` with float32 ``tl.dot`` at ``precision`` (`dot_input_precision`), backward included.
+
+    A Triton package's backward kernels run when the caller asks for gradients, after the call returned and
+    outside any ``with dot_input_precision(...)`` around it; a kernel run in ``"ieee"`` would then be
+    differentiated in TF32. Here, when a gradient can flow (grad mode on and a tensor that requires it), the
+    call becomes one autograd node whose backward re-enters the same precision for the package's own backward
+    graph. ``fn`` returns a tensor or a tuple of tensors and Nones; ``tensors`` are tensors or None. With
+    ``precision`` None (Triton's default) it is a plain call.
+    """
+    if precision is None:
+        return fn(*tensors)
+    grads_wanted = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    if not grads_wanted:
+        with dot_input_precision(precision):
+            return fn(*tensors)
+    single: list[bool] = []
+    out = _InDotPrecision.apply(precision, fn, single, *tensors)
+    return out[0] if single[0] else out
+
+
+class _InDotPrecision(torch.autograd.Function):
+    """`call_in_dot_precision`'s node: forward and backward both under one ``tl.dot`` input precision."""
+
+    @staticmethod
+    def forward(ctx, precision, fn, single, *tensors):
+        inputs = [t.detach().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t for t in tensors]
+        with torch.enable_grad(), dot_input_precision(precision):
+            out = fn(*inputs)
+        single.append(isinstance(out, torch.Tensor))
+        outs = (out,) if single[0] else tuple(out)
+        ctx.precision, ctx.inputs, ctx.outs = precision, inputs, outs
+        return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        pairs = [(o, g) for o, g in zip(ctx.outs, grads)
+                 if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+        wanted = [t for t in ctx.inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+        got = iter(())
+        if pairs and wanted:
+            with dot_input_precision(ctx.precision):
+                got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                               allow_unused=True))
+        else:
+            got = iter([None] * len(wanted))
+        return (None, None, None) + tuple(next(got) if isinstance(t, torch.Tensor) and t.requires_grad else None
+                                          for t in ctx.inputs)
 
 
 # -- loop_induction_int32
@@ -815,3 +903,51 @@ def _install_autotuner_pin() -> None:
         return list(original(self, kwargs))[:1]
 
     _set(Autotuner, "prune_configs", prune_configs)
+
+
+# -- cuda_device_none_noop
+def _install_cuda_device_none_noop() -> None:
+    if not _by_name("cuda_device_none_noop").applies():  # a CUDA build: torch.cuda.device(None) already works
+        return
+    for attr in ("_exchange_device", "_maybe_exchange_device"):
+        original = getattr(torch.cuda, attr)
+
+        def no_device_is_noop(device, _original=original):
+            """``None`` or a negative index: no CUDA device to switch to, so nothing to do (returns -1)."""
+            if device is None or device < 0:
+                return -1
+            return _original(device)
+
+        _set(torch.cuda, attr, no_device_is_noop)
+
+
+# -- cuda_device_properties_h100
+@dataclass(frozen=True)
+class InterpretedDeviceProperties:
+    """The ``torch.cuda.get_device_properties`` fields launchers read, for the GPU an interpreted run stands in
+    for (``cuda_device_properties_h100``)."""
+
+    name: str
+    major: int
+    minor: int
+    multi_processor_count: int
+    total_memory: int
+
+
+#: an H100 SXM (sm_90): what the corrected interpreter reports for a CPU device
+INTERPRETED_DEVICE = InterpretedDeviceProperties(name="NVIDIA H100 (Triton interpreter stand-in)", major=9, minor=0,
+                                                 multi_processor_count=132, total_memory=80 * 2**30)
+
+
+def _install_cuda_device_properties() -> None:
+    if not _by_name("cuda_device_properties_h100").applies():  # a CUDA build: a CPU device is the caller's mistake
+        return
+    original = torch.cuda.get_device_properties
+
+    def get_device_properties(device=None):
+        """`INTERPRETED_DEVICE` for a CPU device (an interpreted launch); anything else as torch answers."""
+        if isinstance(device, torch.device) and device.type == "cpu" or device == "cpu":
+            return INTERPRETED_DEVICE
+        return original(device)
+
+    _set(torch.cuda, "get_device_properties", get_device_properties)
