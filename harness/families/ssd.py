@@ -16,8 +16,8 @@ Regimes (the log-decay of a step is ``dt' A``, dt' the step after bias and softp
 - ``trained``: Mamba-2's init: A = -U(1, 16), dt' log-uniform in [1e-3, 1e-1] per head;
 - ``long_memory``: dt' in [1e-4, 1e-3], A = -U(0.01, 1): decays within 1e-3 of 1;
 - ``strong_decay``: dt' in [1, 3], A = -U(5, 10): log-decays of -5 to -30 per step;
-- ``large_dt``: with dt_softplus, raw dt of 20 to 60 where softplus is linear (its threshold is 20), and
-  A = -U(0.05, 0.5): log-decays of -1 to -30;
+- ``large_dt``: with dt_softplus (drawn only for kernels that take it), raw dt of 20 to 60 where softplus
+  is linear (its threshold is 20), and A = -U(0.05, 0.5): log-decays of -1 to -30;
 - ``mixed_heads``: per head a step scale 10**U(-4, 0.5);
 - ``large`` / ``tiny``: ``trained`` with x, B, C near the dtype's limits (max**(1/4), tiny**(1/4));
 - ``uniform_decay``: A = decay_floor (-20 when None) and dt' = U(0, 1): log-decays uniform in
@@ -205,7 +205,7 @@ class SSD(FamilyDef):
         if caps.selective_options:
             for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):
                 fields[flag] = draw(st.booleans())
-        if regime == "large_dt":
+        if regime == "large_dt" and caps.selective_options:  # softplus only where the kernel takes the flag
             fields["delta_softplus"] = True
         fields.update(draw_state_options(draw, caps, common))
         fields.pop("batch", None)  # seq_idx is per row: a packed batch keeps its rows
