@@ -127,3 +127,26 @@ def test_an_initial_state_not_decayed_is_divergent():
 
     p = _problem("simple_gla", has_initial_state=True, dtype="float64", regime="strong_decay")
     assert run_case(_spec("simple_gla"), p, IN_PROCESS, kernel_fn=undecayed)["verdict"] == "divergent"
+
+
+def test_large_dt_turns_softplus_on_only_for_kernels_that_take_it():
+    """An ssd kernel without the selective options (dt_bias, softplus, D, z) never gets dt_softplus."""
+    import dataclasses
+
+    from hypothesis import HealthCheck, given, settings
+
+    from harness.strategies import problems
+
+    plain = registry.get("intree.ssd_recurrent")
+    bare = dataclasses.replace(plain, name="bare_ssd",
+                               capabilities=dataclasses.replace(plain.capabilities, selective_options=False))
+    seen = {True: 0, False: 0}
+
+    @settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(p=problems(bare, regimes=("large_dt",)), q=problems(plain, regimes=("large_dt",)))
+    def draw(p, q):
+        assert not p.delta_softplus, p
+        seen[q.delta_softplus] += 1
+
+    draw()
+    assert seen[True] > 0  # the kernel that takes the flag does get softplus in large_dt
