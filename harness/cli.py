@@ -420,7 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_list)
 
     s = sub.add_parser("check", help="drive one kernel (registered name or module:attr / file.py:attr)")
-    s.add_argument("--family", default=None, help="linear_scan | selective_scan | retention | retention_normed")
+    from harness.kernels.contract import Family
+
+    s.add_argument("--family", default=None, help=" | ".join(f.value for f in Family))
     s.add_argument("--kernel", default=None, help="TARGET: package.module:attr, path/to/file.py:attr "
                    "(default: every [[tool.harness.kernels]] of the project's pyproject.toml)")
     s.add_argument("--profile", choices=("dev", "ci", "nightly"), default=None,
