@@ -25,6 +25,13 @@ DIVERGENT_BY_DESIGN = {
     for name in ("intree.simple_gla_chunk_cumprod", "intree.gla_chunk_cumprod")
 }
 
+#: Third-party kernels with a finding the harness reports (documented in docs/adapters.md); not strict: whether
+#: the ci draws reach it depends on the options the search turns on.
+KNOWN_FINDINGS = {
+    "mamba_ssm.mamba_chunk_scan_combined.ieee": "mamba-ssm's Triton softplus is log(exp(dt) + 1), not log1p: "
+    "float32 relative error up to 0.17 for negative dt (tests/test_adapters.py)",
+}
+
 
 def _cases_dir() -> Path:
     return Path(os.environ["HARNESS_CASES_DIR"]) if os.environ.get("HARNESS_CASES_DIR") else current().counterexamples_dir
@@ -35,6 +42,8 @@ def _kernel_params():
         marks = [pytest.mark.thirdparty] if spec.source != "intree" else []
         if spec.name in DIVERGENT_BY_DESIGN:
             marks.append(pytest.mark.xfail(strict=True, raises=DivergenceError, reason=DIVERGENT_BY_DESIGN[spec.name]))
+        if spec.name in KNOWN_FINDINGS:
+            marks.append(pytest.mark.xfail(strict=False, raises=DivergenceError, reason=KNOWN_FINDINGS[spec.name]))
         yield pytest.param(spec, id=spec.name, marks=marks)
 
 
@@ -47,5 +56,5 @@ def test_kernel_matches_oracle(spec, harness_check, tmp_path):
         pytest.skip(f"{spec.name} runs no dtype on the CPU: {spec.capabilities.runs(spec.capabilities.dtypes[0], 'cpu')}")
     # forwards only (gradients have tests/test_gradients.py); determinism is the hostile tests' concern
     # a kernel divergent by design leaves nothing to replay: its shrunk case goes to a temporary folder
-    cases = tmp_path if spec.name in DIVERGENT_BY_DESIGN else _cases_dir()
+    cases = tmp_path if spec.name in DIVERGENT_BY_DESIGN or spec.name in KNOWN_FINDINGS else _cases_dir()
     harness_check(spec, grad=False, check_determinism=False, counterexample_dir=cases)
