@@ -38,12 +38,13 @@ install-kernels:
 	$(PIP) install --no-deps $(THIRD_PARTY)
 	$(PYTHON) -c "import triton" 2>/dev/null || $(PIP) install --no-deps "$(TRITON)"
 
+# --dist loadgroup: tests that share a costly module fixture or cache run on one worker (conftest.py).
 # Best effort: the bundle lets the GPU dry run (tests/test_cuda_path.py) import every package the way the GPU
 # machine will; without it (no PyPI here) those checks skip with the reason and the rest runs as before.
 test:
 	@test -d $(DEVICE_BUNDLE) || $(MAKE) --no-print-directory device-bundle \
 	  || echo "test: the device bundle could not be built here; its checks will skip (see docs/gpu.md)"
-	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --hypothesis-profile=$(PROFILE) --harness-report-dir reports/test-run
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --hypothesis-profile=$(PROFILE) --harness-report-dir reports/test-run
 
 test-fast:
 	$(PYTHON) -m pytest -x -q --hypothesis-profile=dev -m "not thirdparty"
