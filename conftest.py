@@ -6,6 +6,7 @@ hypothesis shows the active profile in the pytest header.
 
 import os
 
+import pytest
 from hypothesis import settings
 
 from harness.kernels.isolation import configure as configure_isolation
@@ -25,6 +26,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", DEFAULT_PROFILE))
 configure_isolation(isolation=os.environ.get("HARNESS_ISOLATION", "in-process"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (it runs first otherwise)
 def pytest_collection_modifyitems(config, items):
     """Under ``pytest -n N --dist loadgroup`` (`make test`), the tests that share a costly computation run
     on one worker, so that it is computed once: a module-scoped fixture a test module defines and asks
@@ -32,8 +34,6 @@ def pytest_collection_modifyitems(config, items):
     per-process caches of `check` runs that several tests read (`tests/test_planted_bugs.py`'s searches,
     `tests/test_broken_kernels.py`'s checks). With plain ``--dist load`` a module split across the workers
     ran such a computation on each of them. Without xdist the marks do nothing."""
-    import pytest
-
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         shared = sorted(
