@@ -47,12 +47,13 @@ install-mamba-ssm:
 	  echo "install-mamba-ssm: mamba-ssm is already installed here; left as it is"; \
 	else MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE $(PIP) install --no-deps --no-build-isolation "$(MAMBA_SSM)"; fi
 
+# --dist loadgroup: tests that share a costly module fixture or cache run on one worker (conftest.py).
 # Best effort: the bundle lets the GPU dry run (tests/test_cuda_path.py) import every package the way the GPU
 # machine will; without it (no PyPI here) those checks skip with the reason and the rest runs as before.
 test:
 	@test -d $(DEVICE_BUNDLE) || $(MAKE) --no-print-directory device-bundle \
 	  || echo "test: the device bundle could not be built here; its checks will skip (see docs/gpu.md)"
-	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --hypothesis-profile=$(PROFILE) --harness-report-dir reports/test-run -m "not slow"
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --hypothesis-profile=$(PROFILE) --harness-report-dir reports/test-run -m "not slow"
 
 # The wheel installed outside the checkout, in a new project: init, check, baseline, a failing and a
 # passing gate, the default sweep (one shard), the pytest route; nothing written outside the project

@@ -3,7 +3,8 @@
 Most cases are entirely in the dtype's range: every element is in domain, the kernel's output is finite
 and every sum of squares is safe. For those, `measure`'s chunked torch code makes some twenty
 elementwise passes over the output, the trace and the baseline; `fast_pass` makes one, reading each
-array once in its memory order, and fills the same accumulators. When anything is out of the ordinary
+array once in its memory order, and `harness.metrics._Accumulator.fill_compiled` merges its sums through
+the same methods the general code's chunks use, into the one accumulator both paths fill. When anything is out of the ordinary
 (a non-finite value, an element out of the range or the precision domain, sums that need rescaling) it gives up and returns None,
 and `measure` runs its general torch code, which handles every case. The two give the same numbers:
 the counts, maxima, positions, quantiles and per-position maxima exactly (the same IEEE operations

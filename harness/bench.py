@@ -485,7 +485,7 @@ def _pytest(run_dir: Path, workers: int | None) -> tuple[float, str]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci",
            "--harness-report-dir", str(run_dir)]
     if workers:
-        cmd[3:3] = ["-n", str(workers)]
+        cmd[3:3] = ["-n", str(workers), "--dist", "loadgroup"]  # as `make test`
     began = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     wall = time.perf_counter() - began

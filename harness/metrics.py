@@ -78,7 +78,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -427,35 +427,48 @@ def _read_output(obj: Any, shape: tuple[int, ...], what: str) -> tuple[torch.Ten
 
 
 # --------------------------------------------------------------------------------------------------
-# measure
+# measure: validation (`_Setup`), one accumulator both paths fill (`_Accumulator`), finalisation
 
 
-@torch.no_grad()
-@_single_threaded()
-def measure(
-    actual: Any,
-    trace: Any,
-    *,
-    dtype: torch.dtype | str,
-    baseline: Any = None,
-    length_axis: int = -1,
-    depth: int | None = None,
-    tf32: bool = False,
-    cond_threshold: float = COND_THRESHOLD,
-    element_axes_names: Sequence[str] | None = None,
-    function_room: float = 0.0,
-) -> Divergence:
-    """Compare ``actual`` (the kernel's output) with ``trace`` (the float64 oracle); see the module doc.
+class _Setup(NamedTuple):
+    """What `measure` derived from its (validated) arguments: the case's constants, fixed for one call."""
 
-    ``dtype`` is the case's dtype (the inputs were rounded to it); ``baseline`` the same-dtype
-    sequential loop's output; ``length_axis`` the sequence axis of the output (-1 for scans, 1 for
-    retention's (batch, L, heads, dv)); ``depth`` the tree depth in the bound (default
-    ``ceil(log2 L) + 1``); ``tf32`` uses TF32's roundoff for a float32 case; ``cond_threshold`` the
-    cond error counted as a mismatch (pass the policy's); ``element_axes_names`` names the output's
-    axes in messages (default: `default_axis_names`); ``function_room`` the last-place errors of the
-    elementwise functions a step evaluates (exp, softplus, silu, ...), in units of ``u * magnitude``
-    (`harness.problems.Problem.function_room`). Runs single-threaded (see `_single_threaded`).
-    """
+    info: dtypes.DtypeInfo
+    shape: tuple[int, ...]
+    la: int  # the length axis, non-negative
+    length: int
+    n_elements: int
+    rows: int  # elements / length: the rows of the (rows, L) view
+    depth: int
+    room: float
+    u: float
+    tf32: bool
+    thr: float  # the cond threshold
+    limit: float  # the range limit of the state, decays and output (module docstring: the domain)
+    tiny: float  # the dtype's smallest normal number
+    sub_half: float  # |out| at or below this rounds to zero on the grid
+    grid: torch.dtype
+    names: tuple[str, ...]
+
+    def common(self) -> dict[str, Any]:
+        """The `Divergence` fields that describe the case (known before anything is compared)."""
+        return dict(dtype=self.info.name, tf32=self.tf32, shape=self.shape,
+                    axis_names=self.names, length_axis=self.la, length=self.length, depth=self.depth,
+                    unit_roundoff=self.u, cond_threshold=self.thr, n_elements=self.n_elements,
+                    function_room=self.room)
+
+    def flat(self, t: torch.Tensor) -> torch.Tensor:
+        """(rows, L): a view where the layout allows (a (batch, L, heads, dv) output is copied)."""
+        return t.detach().movedim(self.la, -1).reshape(self.rows, self.length)
+
+    def cube(self, t: torch.Tensor) -> torch.Tensor:
+        """(axes before the length, L, axes after): always a view."""
+        return t.detach().reshape(self.rows // math.prod(self.shape[self.la + 1 :]), self.length, -1)
+
+
+def _validate(trace: Any, *, dtype: torch.dtype | str, length_axis: int, depth: int | None, tf32: bool,
+              cond_threshold: float, element_axes_names: Sequence[str] | None, function_room: float) -> _Setup:
+    """`measure`'s caller arguments checked (`InvalidArgument` naming the argument) and its constants derived."""
     info = dtypes.info(dtype)
     ref = getattr(trace, "out", None)
     if not isinstance(ref, torch.Tensor):
@@ -486,104 +499,138 @@ def measure(
         raise InvalidArgument(f"cond_threshold={cond_threshold!r} must be positive")
     if not (isinstance(function_room, (int, float)) and 0 <= function_room < math.inf):
         raise InvalidArgument(f"function_room={function_room!r} must be a finite number >= 0 (units of u * magnitude)")
-    room = float(function_room)
     u = dtypes.unit_roundoff(info.name, tf32=tf32)
     n_elements = int(math.prod(shape))
-    common: dict[str, Any] = dict(
-        dtype=info.name,
-        tf32=bool(tf32),
-        shape=shape,
-        axis_names=names,
-        length_axis=la,
-        length=length,
-        depth=int(depth),
-        unit_roundoff=u,
-        cond_threshold=float(cond_threshold),
-        n_elements=n_elements,
-        function_room=room,
-    )
+    return _Setup(info=info, shape=shape, la=la, length=length, n_elements=n_elements,
+                  rows=n_elements // length if length else 0, depth=int(depth), room=float(function_room), u=u,
+                  tf32=bool(tf32), thr=float(cond_threshold),
+                  limit=info.max_finite / (1.0 + depth * u), tiny=info.smallest_normal,
+                  sub_half=info.smallest_subnormal / 2, grid=info.torch_dtype, names=names)
 
-    x, actual_dtype, problem = _read_output(actual, shape, "kernel output")
-    if problem is None and n_elements == 0:
-        problem = f"the output of shape {shape} is empty; there is nothing to compare"
-    if problem is not None:
-        return Divergence(**common, actual_dtype=actual_dtype, problem=problem)
-    assert x is not None
-    b_problem: str | None = None
-    b: torch.Tensor | None = None
-    if baseline is not None:
-        b, _, b_problem = _read_output(baseline, shape, "baseline")
 
-    rows = n_elements // length
-    f64 = torch.float64
+class _Views(NamedTuple):
+    """The trace, the kernel output and the baseline as (rows, L) views (`_Setup.flat`)."""
 
-    def flat(t: torch.Tensor) -> torch.Tensor:  # (rows, L), a view where the layout allows
-        return t.detach().movedim(la, -1).reshape(rows, length)
+    out: torch.Tensor
+    mag: torch.Tensor
+    gro: torch.Tensor
+    sp: torch.Tensor
+    dp: torch.Tensor
+    x: torch.Tensor
+    b: torch.Tensor | None
 
-    def cube(t: torch.Tensor) -> torch.Tensor:  # (axes before the length, L, axes after): a view
-        return t.detach().reshape(rows // math.prod(shape[la + 1 :]), length, -1)
+    @classmethod
+    def of(cls, s: _Setup, trace: Any, x: torch.Tensor, b: torch.Tensor | None) -> "_Views":
+        return cls(s.flat(trace.out), s.flat(trace.magnitude), s.flat(trace.growth), s.flat(trace.state_peak),
+                   s.flat(trace.decay_peak), s.flat(x), s.flat(b) if b is not None else None)
 
-    limit = info.max_finite / (1.0 + depth * u)
-    tiny = info.smallest_normal
-    thr = float(cond_threshold)
-    grid = info.torch_dtype
-    inf = math.inf
 
-    # accumulators
-    n_in_domain = n_compared = n_bad_nf = n_over = n_underflow = n_k_nonfinite = rows_ood = n_exhausted = 0
-    max_abs = max_rel = cond_max = ulp_max = -1.0
-    worst_cond: tuple[float, int, int] | None = None  # (cond, row, t)
-    first_bad: tuple[int, int] | None = None  # (t, row)
-    norm_ref, norm_diff, norm_x, dot = _ScaledSum(), _ScaledSum(), _ScaledSum(), _ScaledSum()
-    cond_vals = np.empty(n_elements, dtype=np.float64)
-    ulp_vals = np.empty(n_elements, dtype=np.float64)
-    per_t_cond = torch.full((length,), -1.0, dtype=f64)
-    per_t_abs = torch.full((length,), -1.0, dtype=f64)
-    mismatch_t = torch.zeros(length, dtype=torch.bool)
-    ood_t = torch.zeros(length, dtype=torch.bool)
-    lost_t = torch.zeros(length, dtype=torch.bool)
-    any_nan_vs_inf = any_xor = any_knf = False
-    sp_max = dp_max = -inf
-    b_nf = b_over = 0
-    b_cond_max = b_max_abs = -1.0
+class _Accumulator:
+    """Everything `measure` sums, counts and maximises over the elements, filled by one of two paths.
 
-    sub_half = info.smallest_subnormal / 2  # |out| at or below this rounds to zero on the grid
-    # the common case (everything in range) in one compiled pass; None: the chunks below handle it
-    fs = _compiled_measure.fast_pass(
-        *(cube(t) for t in (ref, x, trace.magnitude, trace.growth, trace.state_peak, trace.decay_peak)),
-        cube(b) if b is not None else None, grid=grid, depth=depth, room=room, u=u, tiny=tiny, thr=thr,
-        limit=limit, u_oracle=ORACLE_ROUNDOFF, precision_limit=PRECISION_LIMIT,
-        max_finite=info.max_finite, sub_half=sub_half, cond_vals=cond_vals, ulp_vals=ulp_vals,
-        per_t_cond=(fast_cond := per_t_cond.clone()), per_t_abs=(fast_abs := per_t_abs.clone()),
-        mismatch_t=(fast_mismatch := mismatch_t.clone()))
-    if fs is not None:
-        n_in_domain = n_compared = n_elements
-        n_over, n_underflow, ulp_max = fs.n_over, fs.n_underflow, fs.ulp_max
-        max_abs, max_rel, cond_max = fs.max_abs, fs.max_rel, fs.cond_max
-        worst_cond = (fs.cond_max, fs.worst_row, fs.worst_t)
-        for acc, s in ((norm_ref, fs.sum_ref2), (norm_diff, fs.sum_diff2), (norm_x, fs.sum_x2), (dot, fs.sum_xo)):
-            acc.add(s, 0)
-        per_t_cond, per_t_abs, mismatch_t = fast_cond, fast_abs, fast_mismatch
-        sp_max, dp_max = fs.state_peak_max, fs.decay_peak_max
-        b_max_abs, b_cond_max, b_over = fs.baseline_max_abs, fs.baseline_cond_max, fs.baseline_over
-    else:  # the general code, on (rows, L) views (copies where the layout does not allow a view)
-        T_out, T_mag, T_gro = flat(ref), flat(trace.magnitude), flat(trace.growth)
-        T_sp, T_dp, X = flat(trace.state_peak), flat(trace.decay_peak), flat(x)
-        B = flat(b) if b is not None else None
+    The compiled pass (`fill_compiled`, the common case in one pass of `_compiled_measure.fast_pass`) and
+    the general torch code (`add_chunk`, any case, chunk by chunk of rows) both merge their partial
+    results through the same methods (`add_peaks`, `add_compared`, `add_plain_sums`, `add_baseline`), and
+    one `finish` turns the totals into the `Divergence`: the two paths cannot disagree on what a total
+    means or how it becomes a field. Sentinels: -1 for a maximum of non-negative numbers with nothing
+    seen, -inf for the peaks, None for a position.
+    """
 
-    step = max(1, CHUNK_ELEMENTS // max(length, 1))
-    for r0 in range(0, rows, step) if fs is None else ():
-        r1 = min(rows, r0 + step)
+    def __init__(self, s: _Setup) -> None:
+        self.s = s
+        n, length, f64 = s.n_elements, s.length, torch.float64
+        self.n_in_domain = self.n_compared = self.n_bad_nf = self.n_over = self.n_underflow = 0
+        self.n_k_nonfinite = self.rows_ood = self.n_exhausted = 0
+        self.max_abs = self.max_rel = self.cond_max = self.ulp_max = -1.0
+        self.worst_cond: tuple[float, int, int] | None = None  # (cond, row, t)
+        self.first_bad: tuple[int, int] | None = None  # (t, row): the first kernel NaN/Inf in domain
+        self.norm_ref, self.norm_diff, self.norm_x, self.dot = _ScaledSum(), _ScaledSum(), _ScaledSum(), _ScaledSum()
+        self.cond_vals = np.empty(n, dtype=np.float64)  # the cond error of each compared element
+        self.ulp_vals = np.empty(n, dtype=np.float64)  # ... its ULP distance (only the large ones with ulp_hist)
+        self.ulp_hist: np.ndarray | None = None  # the compiled pass counts small ULP distances here
+        self.n_ulp_big = 0
+        self.per_t_cond = torch.full((length,), -1.0, dtype=f64)  # -1: nothing compared at t
+        self.per_t_abs = torch.full((length,), -1.0, dtype=f64)
+        self.mismatch_t = torch.zeros(length, dtype=torch.bool)
+        self.ood_t = torch.zeros(length, dtype=torch.bool)
+        self.lost_t = torch.zeros(length, dtype=torch.bool)
+        self.any_nan_vs_inf = self.any_xor = self.any_knf = False
+        self.sp_max = self.dp_max = -math.inf
+        self.b_nf = self.b_over = 0
+        self.b_cond_max = self.b_max_abs = -1.0
+
+    # -- merging partial results (both paths) ---------------------------------------------------------
+
+    def add_peaks(self, sp_hi: float, dp_hi: float) -> None:
+        self.sp_max, self.dp_max = max(self.sp_max, sp_hi), max(self.dp_max, dp_hi)
+
+    def add_compared(self, n: int, n_over: int, max_abs: float, max_rel: float, worst: tuple[float, int, int],
+                     ulp_max: float) -> None:
+        """``n`` compared elements (their cond and ULP values already stored at ``n_compared``): ``n_over``
+        above the threshold, maxima (``max_rel`` -1 when no |out| is above the smallest normal) and the
+        first element of the greatest cond error, ``worst`` = (cond, row, t)."""
+        self.n_over += n_over
+        self.max_abs = max(self.max_abs, max_abs)
+        self.max_rel = max(self.max_rel, max_rel)
+        if self.worst_cond is None or worst[0] > self.worst_cond[0]:
+            self.worst_cond = worst
+        self.cond_max = max(self.cond_max, worst[0])
+        self.ulp_max = max(self.ulp_max, ulp_max)
+        self.n_compared += n
+
+    def add_plain_sums(self, oo: float, dd: float, xx: float, xo: float) -> None:
+        """Sums of squares and products that needed no rescaling."""
+        for acc, v in ((self.norm_ref, oo), (self.norm_diff, dd), (self.norm_x, xx), (self.dot, xo)):
+            acc.add(v, 0)
+
+    def add_baseline(self, max_abs: float, cond_max: float, n_over: int, n_nonfinite: int) -> None:
+        self.b_max_abs = max(self.b_max_abs, max_abs)
+        self.b_cond_max = max(self.b_cond_max, cond_max)
+        self.b_over += n_over
+        self.b_nf += n_nonfinite
+
+    # -- the compiled path ----------------------------------------------------------------------------
+
+    def fill_compiled(self, trace: Any, x: torch.Tensor, b: torch.Tensor | None) -> bool:
+        """The whole output in one compiled pass when everything is in range; False (nothing merged) when
+        the general code must run."""
+        s = self.s
+        per_t_cond, per_t_abs, mismatch_t = self.per_t_cond.clone(), self.per_t_abs.clone(), self.mismatch_t.clone()
+        fs = _compiled_measure.fast_pass(
+            *(s.cube(t) for t in (trace.out, x, trace.magnitude, trace.growth, trace.state_peak, trace.decay_peak)),
+            s.cube(b) if b is not None else None, grid=s.grid, depth=s.depth, room=s.room, u=s.u, tiny=s.tiny,
+            thr=s.thr, limit=s.limit, u_oracle=ORACLE_ROUNDOFF, precision_limit=PRECISION_LIMIT,
+            max_finite=s.info.max_finite, sub_half=s.sub_half, cond_vals=self.cond_vals, ulp_vals=self.ulp_vals,
+            per_t_cond=per_t_cond, per_t_abs=per_t_abs, mismatch_t=mismatch_t)
+        if fs is None:
+            return False
+        # every element in domain and compared
+        self.n_in_domain += s.n_elements
+        self.per_t_cond, self.per_t_abs, self.mismatch_t = per_t_cond, per_t_abs, mismatch_t
+        self.ulp_hist, self.n_ulp_big = fs.ulp_hist, fs.n_ulp_big
+        self.add_peaks(fs.state_peak_max, fs.decay_peak_max)
+        self.add_compared(s.n_elements, fs.n_over, fs.max_abs, fs.max_rel, (fs.cond_max, fs.worst_row, fs.worst_t),
+                          fs.ulp_max)
+        self.add_plain_sums(fs.sum_ref2, fs.sum_diff2, fs.sum_x2, fs.sum_xo)
+        self.n_underflow += fs.n_underflow
+        self.add_baseline(fs.baseline_max_abs, fs.baseline_cond_max, fs.baseline_over, 0)
+        return True
+
+    # -- the general path -----------------------------------------------------------------------------
+
+    def add_chunk(self, v: _Views, r0: int, r1: int) -> None:
+        """Rows ``r0 .. r1`` of the (rows, L) views, in float64 torch code that handles every case."""
+        s, f64, inf = self.s, torch.float64, math.inf
         # contiguous chunks (a (batch, L, heads, dv) layout flattens to a strided view)
-        o = T_out[r0:r1].to(f64).contiguous()
-        x_low = X[r0:r1].contiguous()  # the kernel's own dtype
+        o = v.out[r0:r1].to(f64).contiguous()
+        x_low = v.x[r0:r1].contiguous()  # the kernel's own dtype
         xc = x_low.to(f64)
-        spc = T_sp[r0:r1].to(f64)
-        dpc = T_dp[r0:r1].to(f64)
+        spc = v.sp[r0:r1].to(f64)
+        dpc = v.dp[r0:r1].to(f64)
         # the sum of |terms| behind each output (magnitude): when it passes the dtype's max, a term of
         # the sum (C_n h_n, q S) can overflow in a correct kernel even though the sum itself is finite
-        magc = T_mag[r0:r1].to(f64).contiguous()
-        bound, rel = rounding_bound(magc, T_gro[r0:r1].to(f64), u=u, depth=depth, room=room, tiny=tiny)
+        magc = v.mag[r0:r1].to(f64).contiguous()
+        bound, rel = rounding_bound(magc, v.gro[r0:r1].to(f64), u=s.u, depth=s.depth, room=s.room, tiny=s.tiny)
         bound = bound.contiguous()
         # the precision domain: where the valid bound reaches the magnitude no digit is guaranteed
         exhausted = ~(rel < PRECISION_LIMIT)
@@ -592,291 +639,374 @@ def measure(
         ao_lo_t, ao_hi_t = torch.aminmax(ao)
         ao_lo, ao_hi = float(ao_lo_t), float(ao_hi_t)
         sp_hi, dp_hi, b_hi = float(spc.max()), float(dpc.max()), float(bound.max())
-        sp_max, dp_max = max(sp_max, sp_hi), max(dp_max, dp_hi)
+        self.add_peaks(sp_hi, dp_hi)
         diff = (xc - o).abs_()
         d_hi = float(diff.max())
-        ref_low = o.to(grid)
+        ref_low = o.to(s.grid)
         # NaN fails every comparison below, so a NaN anywhere takes the general path
-        fast = (sp_hi <= limit and dp_hi <= limit and ao_hi + b_hi <= info.max_finite and mag_hi <= limit
+        fast = (sp_hi <= s.limit and dp_hi <= s.limit and ao_hi + b_hi <= s.info.max_finite and mag_hi <= s.limit
                 and b_hi < inf and d_hi < inf and not bool(exhausted.any()))
         cond = diff / bound
 
         compared: torch.Tensor | None = None  # None: every element of the chunk is compared
         dom: torch.Tensor | None = None
         bad: torch.Tensor | None = None
-        knf: torch.Tensor | None = None
         if fast:
             nd = nc = o.numel()
         else:
-            # the domain: a prefix of each row for the state and decays, single elements for the output
-            prefix_bad = ~((spc <= limit) & (dpc <= limit))
-            if bool(prefix_bad.any()):
-                prefix_bad = prefix_bad.cummax(dim=1).values
-            # an output whose exact value plus the rounding a correct algorithm may add reaches the
-            # dtype's max can overflow in a correct kernel: out of domain, not a bug
-            out_bad = ~(((ao + bound) <= info.max_finite) & (magc <= limit))
-            dom = ~(prefix_bad | out_bad | ~torch.isfinite(bound))
-            lost = dom & exhausted  # in range, but no digit guaranteed: out of the precision domain
-            n_lost = int(lost.sum())
-            if n_lost:
-                n_exhausted += n_lost
-                lost_t |= lost.any(dim=0)
-                dom &= ~lost
-            xf = torch.isfinite(xc)
-            if not bool(xf.all()):
-                knf = ~xf
-                n_k_nonfinite += int(knf.sum())
-                # not a kernel bug either: a non-finite value next to the overflow threshold, or where
-                # the rounding bound is at least the value itself (no significant digit is guaranteed:
-                # e.g. a norm whose input a correct loop may round to all zeros, giving 0/0)
-                near = knf & dom & ((ao + thr * bound > info.max_finite) | (bound - tiny >= ao))
-                if B is not None:
-                    # nor where the plain loop in the same dtype is non-finite too: an intermediate of a
-                    # correct algorithm (a partial sum, a drive term) leaves the dtype's range there
-                    near |= knf & dom & ~torch.isfinite(B[r0:r1])
-                dom = dom & ~near
-                bad = knf & dom
-                compared = dom & xf
-            else:
-                compared = dom
-            nd = int(dom.sum())
+            dom, compared, bad, nd = self._chunk_domain(r0, o, xc, ao, spc, dpc, magc, bound, exhausted, ref_low,
+                                                        v.b[r0:r1] if v.b is not None else None)
             nc = int(compared.sum())
-            if nd < dom.numel():
-                odm = ~dom
-                ood_t |= odm.any(dim=0)
-                rows_ood += int(odm.any(dim=1).sum())
-            if bad is not None:
-                nb = int(bad.sum())
-                if nb:
-                    n_bad_nf += nb
-                    bt = bad.any(dim=0)
-                    mismatch_t |= bt
-                    t0 = _first_true(bt)
-                    assert t0 is not None
-                    cand = (t0, r0 + (_first_true(bad[:, t0]) or 0))
-                    first_bad = cand if first_bad is None or cand < first_bad else first_bad
-            # non-finite classes (the oracle on the grid is non-finite only where |out| is beyond range)
-            if knf is not None or bool(out_bad.any()):
-                r_nf = ~torch.isfinite(ref_low)
-                k_nf = knf if knf is not None else torch.zeros_like(r_nf)
-                ref64 = ref_low.to(f64)
-                same_kind = (torch.isnan(xc) & torch.isnan(ref64)) | (torch.isinf(xc) & (xc == ref64))
-                any_nan_vs_inf = any_nan_vs_inf or bool((k_nf & r_nf & ~same_kind).any())
-                any_xor = any_xor or bool((k_nf ^ r_nf).any())
-                any_knf = any_knf or bool(k_nf.any())
-        n_in_domain += nd
+        self.n_in_domain += nd
 
         if nc:
-            if compared is None:
-                diff_c, cond_c, o_c, x_c, ao_c = (t.reshape(-1) for t in (diff, cond, o, xc, ao))
-                xl_c, g_c = x_low.reshape(-1), ref_low.reshape(-1)
-                pc, pa = cond, diff
-                o_hi, dmax = ao_hi, d_hi
-                over = cond > thr
-            else:
-                diff_c, cond_c, o_c, x_c, ao_c = diff[compared], cond[compared], o[compared], xc[compared], ao[compared]
-                xl_c, g_c = x_low[compared], ref_low[compared]
-                pc = torch.where(compared, cond, -1.0)
-                pa = torch.where(compared, diff, -1.0)
-                o_hi, dmax = float(ao_c.max()), float(diff_c.max())
-                over = compared & (cond > thr)
-            n_over_c = int(over.sum())
-            if n_over_c:
-                n_over += n_over_c
-                mismatch_t |= over.any(dim=0)
-            max_abs = max(max_abs, dmax)
-            if compared is None and ao_lo > tiny:
-                max_rel = max(max_rel, float((diff / ao).max()))
-            else:
-                rel_ok = ao_c > tiny
-                if bool(rel_ok.any()):
-                    max_rel = max(max_rel, float((diff_c[rel_ok] / ao_c[rel_ok]).max()))
-            ci = int(torch.argmax(pc))
-            cv = float(pc.reshape(-1)[ci])
-            if worst_cond is None or cv > worst_cond[0]:
-                worst_cond = (cv, r0 + ci // length, ci % length)
-            cond_max = max(cond_max, cv)
-            lo, hi = _compiled_measure.SAFE_LO, _compiled_measure.SAFE_HI
-            if all((v == 0 or v > lo) and v < hi for v in (o_hi, dmax)):
-                # plain sums of squares cannot overflow or lose mass to underflow here
-                norm_ref.add(float(torch.dot(o_c, o_c)), 0)
-                norm_diff.add(float(torch.dot(diff_c, diff_c)), 0)
-                norm_x.add(float(torch.dot(x_c, x_c)), 0)
-                dot.add(float(torch.dot(x_c, o_c)), 0)
-            else:
-                norm_ref.add_squares(o_c)
-                norm_diff.add_squares(diff_c)
-                norm_x.add_squares(x_c)
-                dot.add_products(x_c, o_c)
-            if xl_c.dtype != grid:
-                xl_c = x_c.to(grid)
-            ulp = dtypes.grid_distance(xl_c, g_c)
-            ulp_max = max(ulp_max, float(ulp.max()))
-            cond_vals[n_compared : n_compared + nc] = cond_c.numpy()
-            ulp_vals[n_compared : n_compared + nc] = ulp.numpy()
-            n_compared += nc
-            if bad is not None:
-                pc = torch.where(bad, inf, pc)
-            per_t_cond = torch.maximum(per_t_cond, pc.amax(dim=0))
-            per_t_abs = torch.maximum(per_t_abs, pa.amax(dim=0))
+            self._chunk_compared(r0, nc, diff, cond, o, xc, ao, x_low, ref_low, compared, bad, ao_lo, ao_hi, d_hi)
         elif bad is not None:
-            per_t_cond = torch.maximum(per_t_cond, torch.where(bad, inf, -1.0).amax(dim=0))
+            self.per_t_cond = torch.maximum(self.per_t_cond, torch.where(bad, inf, -1.0).amax(dim=0))
 
-        if ao_lo <= sub_half:  # some oracle value underflows the grid: did the kernel give 0 there?
-            zero = (xc == 0) & (o != 0) & (ao <= sub_half)
+        if ao_lo <= s.sub_half:  # some oracle value underflows the grid: did the kernel give 0 there?
+            zero = (xc == 0) & (o != 0) & (ao <= s.sub_half)
             if dom is not None:
                 zero &= dom
-            n_underflow += int(zero.sum())
+            self.n_underflow += int(zero.sum())
 
-        if B is not None:
-            bc = B[r0:r1].to(f64)
-            bdiff = (bc - o).abs_()
-            bcond = bdiff / bound
-            bd_hi = float(bdiff.max())
-            if fast and bd_hi < inf:
-                b_max_abs = max(b_max_abs, bd_hi)
-                b_cond_max = max(b_cond_max, float(bcond.max()))
-                b_over += int((bcond > thr).sum())
+        if v.b is not None:
+            self._chunk_baseline(v.b[r0:r1].to(f64), o, bound, dom, fast)
+
+    def _chunk_domain(self, r0: int, o: torch.Tensor, xc: torch.Tensor, ao: torch.Tensor, spc: torch.Tensor,
+                      dpc: torch.Tensor, magc: torch.Tensor, bound: torch.Tensor, exhausted: torch.Tensor,
+                      ref_low: torch.Tensor, bc: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+        """A chunk with something out of the ordinary: (in domain, compared, kernel NaN/Inf in domain or
+        None, the number in domain), with the domain's and the non-finite values' counts and positions
+        merged."""
+        s, limit = self.s, self.s.limit
+        # the domain: a prefix of each row for the state and decays, single elements for the output
+        prefix_bad = ~((spc <= limit) & (dpc <= limit))
+        if bool(prefix_bad.any()):
+            prefix_bad = prefix_bad.cummax(dim=1).values
+        # an output whose exact value plus the rounding a correct algorithm may add reaches the
+        # dtype's max can overflow in a correct kernel: out of domain, not a bug
+        out_bad = ~(((ao + bound) <= s.info.max_finite) & (magc <= limit))
+        dom = ~(prefix_bad | out_bad | ~torch.isfinite(bound))
+        lost = dom & exhausted  # in range, but no digit guaranteed: out of the precision domain
+        n_lost = int(lost.sum())
+        if n_lost:
+            self.n_exhausted += n_lost
+            self.lost_t |= lost.any(dim=0)
+            dom &= ~lost
+        bad: torch.Tensor | None = None
+        knf: torch.Tensor | None = None
+        xf = torch.isfinite(xc)
+        if not bool(xf.all()):
+            knf = ~xf
+            self.n_k_nonfinite += int(knf.sum())
+            # not a kernel bug either: a non-finite value next to the overflow threshold, or where
+            # the rounding bound is at least the value itself (no significant digit is guaranteed:
+            # e.g. a norm whose input a correct loop may round to all zeros, giving 0/0)
+            near = knf & dom & ((ao + s.thr * bound > s.info.max_finite) | (bound - s.tiny >= ao))
+            if bc is not None:
+                # nor where the plain loop in the same dtype is non-finite too: an intermediate of a
+                # correct algorithm (a partial sum, a drive term) leaves the dtype's range there
+                near |= knf & dom & ~torch.isfinite(bc)
+            dom = dom & ~near
+            bad = knf & dom
+            compared = dom & xf
+        else:
+            compared = dom
+        nd = int(dom.sum())
+        if nd < dom.numel():
+            odm = ~dom
+            self.ood_t |= odm.any(dim=0)
+            self.rows_ood += int(odm.any(dim=1).sum())
+        if bad is not None:
+            nb = int(bad.sum())
+            if nb:
+                self.n_bad_nf += nb
+                bt = bad.any(dim=0)
+                self.mismatch_t |= bt
+                t0 = _first_true(bt)
+                assert t0 is not None
+                cand = (t0, r0 + (_first_true(bad[:, t0]) or 0))
+                if self.first_bad is None or cand < self.first_bad:
+                    self.first_bad = cand
+        # non-finite classes (the oracle on the grid is non-finite only where |out| is beyond range)
+        if knf is not None or bool(out_bad.any()):
+            r_nf = ~torch.isfinite(ref_low)
+            k_nf = knf if knf is not None else torch.zeros_like(r_nf)
+            ref64 = ref_low.to(torch.float64)
+            same_kind = (torch.isnan(xc) & torch.isnan(ref64)) | (torch.isinf(xc) & (xc == ref64))
+            self.any_nan_vs_inf = self.any_nan_vs_inf or bool((k_nf & r_nf & ~same_kind).any())
+            self.any_xor = self.any_xor or bool((k_nf ^ r_nf).any())
+            self.any_knf = self.any_knf or bool(k_nf.any())
+        return dom, compared, bad, nd
+
+    def _chunk_compared(self, r0: int, nc: int, diff: torch.Tensor, cond: torch.Tensor, o: torch.Tensor,
+                        xc: torch.Tensor, ao: torch.Tensor, x_low: torch.Tensor, ref_low: torch.Tensor,
+                        compared: torch.Tensor | None, bad: torch.Tensor | None, ao_lo: float, ao_hi: float,
+                        d_hi: float) -> None:
+        """The errors of a chunk's ``nc`` compared elements (``compared`` None: all of them)."""
+        s, inf = self.s, math.inf
+        if compared is None:
+            diff_c, cond_c, o_c, x_c, ao_c = (t.reshape(-1) for t in (diff, cond, o, xc, ao))
+            xl_c, g_c = x_low.reshape(-1), ref_low.reshape(-1)
+            pc, pa = cond, diff
+            o_hi, dmax = ao_hi, d_hi
+            over = cond > s.thr
+        else:
+            diff_c, cond_c, o_c, x_c, ao_c = diff[compared], cond[compared], o[compared], xc[compared], ao[compared]
+            xl_c, g_c = x_low[compared], ref_low[compared]
+            pc = torch.where(compared, cond, -1.0)
+            pa = torch.where(compared, diff, -1.0)
+            o_hi, dmax = float(ao_c.max()), float(diff_c.max())
+            over = compared & (cond > s.thr)
+        n_over = int(over.sum())
+        if n_over:
+            self.mismatch_t |= over.any(dim=0)
+        max_rel = -1.0
+        if compared is None and ao_lo > s.tiny:
+            max_rel = float((diff / ao).max())
+        else:
+            rel_ok = ao_c > s.tiny
+            if bool(rel_ok.any()):
+                max_rel = float((diff_c[rel_ok] / ao_c[rel_ok]).max())
+        ci = int(torch.argmax(pc))
+        cv = float(pc.reshape(-1)[ci])
+        lo, hi = _compiled_measure.SAFE_LO, _compiled_measure.SAFE_HI
+        if all((v == 0 or v > lo) and v < hi for v in (o_hi, dmax)):
+            # plain sums of squares cannot overflow or lose mass to underflow here
+            self.add_plain_sums(float(torch.dot(o_c, o_c)), float(torch.dot(diff_c, diff_c)),
+                                float(torch.dot(x_c, x_c)), float(torch.dot(x_c, o_c)))
+        else:
+            self.norm_ref.add_squares(o_c)
+            self.norm_diff.add_squares(diff_c)
+            self.norm_x.add_squares(x_c)
+            self.dot.add_products(x_c, o_c)
+        if xl_c.dtype != s.grid:
+            xl_c = x_c.to(s.grid)
+        ulp = dtypes.grid_distance(xl_c, g_c)
+        k = self.n_compared
+        self.cond_vals[k : k + nc] = cond_c.numpy()
+        self.ulp_vals[k : k + nc] = ulp.numpy()
+        self.add_compared(nc, n_over, dmax, max_rel, (cv, r0 + ci // s.length, ci % s.length), float(ulp.max()))
+        if bad is not None:
+            pc = torch.where(bad, inf, pc)
+        self.per_t_cond = torch.maximum(self.per_t_cond, pc.amax(dim=0))
+        self.per_t_abs = torch.maximum(self.per_t_abs, pa.amax(dim=0))
+
+    def _chunk_baseline(self, bc: torch.Tensor, o: torch.Tensor, bound: torch.Tensor, dom: torch.Tensor | None,
+                        fast: bool) -> None:
+        """The same-dtype baseline against the oracle over a chunk's elements in domain."""
+        thr = self.s.thr
+        bdiff = (bc - o).abs_()
+        bcond = bdiff / bound
+        bd_hi = float(bdiff.max())
+        if fast and bd_hi < math.inf:
+            self.add_baseline(bd_hi, float(bcond.max()), int((bcond > thr).sum()), 0)
+        else:
+            dm = dom if dom is not None else torch.ones_like(o, dtype=torch.bool)
+            bfin = torch.isfinite(bc)
+            b_comp = dm & bfin
+            b_max_abs = b_cond_max = -1.0
+            if bool(b_comp.any()):
+                b_max_abs = float(torch.where(b_comp, bdiff, -1.0).max())
+                b_cond_max = float(torch.where(b_comp, bcond, -1.0).max())
+            self.add_baseline(b_max_abs, b_cond_max, int((b_comp & (bcond > thr)).sum()), int((dm & ~bfin).sum()))
+
+    # -- finalisation ---------------------------------------------------------------------------------
+
+    def finish(self, x: torch.Tensor, trace: Any, b: torch.Tensor | None, b_problem: str | None,
+               actual_dtype: str | None, views: _Views | None) -> Divergence:
+        """The totals as a `Divergence` (``views``: the general path's, or None to make them if needed)."""
+        s, inf = self.s, math.inf
+        fields: dict[str, Any] = {}
+        n_compared = self.n_compared
+        # -- plain errors ---------------------------------------------------------------------------
+        if n_compared:
+            fields["max_abs"] = self.max_abs
+            if self.max_rel >= 0:
+                fields["max_rel"] = self.max_rel
+                fields["sig_bits"] = float(dtypes.significant_bits(self.max_rel, s.info.name))
+            (rm, re), (dm, de), (xm, xe) = self.norm_ref.sqrt(), self.norm_diff.sqrt(), self.norm_x.sqrt()
+            if rm > 0:
+                fields["rms_ratio"] = _ldexp(dm / rm, de - re)
             else:
-                dm = dom if dom is not None else torch.ones_like(o, dtype=torch.bool)
-                bfin = torch.isfinite(bc)
-                b_comp = dm & bfin
-                b_nf += int((dm & ~bfin).sum())
-                if bool(b_comp.any()):
-                    b_max_abs = max(b_max_abs, float(torch.where(b_comp, bdiff, -1.0).max()))
-                    b_cond_max = max(b_cond_max, float(torch.where(b_comp, bcond, -1.0).max()))
-                b_over += int((b_comp & (bcond > thr)).sum())
+                fields["rms_ratio"] = 0.0 if dm == 0 else inf
+            if rm > 0 and xm > 0:
+                dot = self.dot
+                cos = _ldexp(dot.acc / (rm * xm), (dot.exp if dot.exp is not None else 0) - re - xe)
+                fields["cosine"] = max(-1.0, min(1.0, cos))
+            else:
+                fields["cosine"] = 1.0 if rm == xm else 0.0
+            if self.ulp_hist is not None:
+                fields["ulp_p50"], fields["ulp_p99"] = _compiled_measure.hist_quantiles(
+                    self.ulp_hist, self.ulp_vals[: self.n_ulp_big], _ranks(n_compared, (0.5, 0.99)))
+            else:
+                fields["ulp_p50"], fields["ulp_p99"] = _quantiles(self.ulp_vals[:n_compared], (0.5, 0.99))
+            fields["ulp_max"] = self.ulp_max
+            fields["cond_p50"], fields["cond_p99"] = _quantiles(self.cond_vals[:n_compared], (0.5, 0.99))
+            fields["cond_max"] = self.cond_max
+        self.cond_vals = self.ulp_vals = np.empty(0)  # (up to 16 bytes an element, freed before the rest)
 
-    fields: dict[str, Any] = {}
-    # -- plain errors -------------------------------------------------------------------------------
-    if n_compared:
-        fields["max_abs"] = max_abs
-        if max_rel >= 0:
-            fields["max_rel"] = max_rel
-            fields["sig_bits"] = float(dtypes.significant_bits(max_rel, info.name))
-        (rm, re), (dm, de), (xm, xe) = norm_ref.sqrt(), norm_diff.sqrt(), norm_x.sqrt()
-        if rm > 0:
-            fields["rms_ratio"] = _ldexp(dm / rm, de - re)
-        else:
-            fields["rms_ratio"] = 0.0 if dm == 0 else inf
-        if rm > 0 and xm > 0:
-            cos = _ldexp(dot.acc / (rm * xm), (dot.exp if dot.exp is not None else 0) - re - xe)
-            fields["cosine"] = max(-1.0, min(1.0, cos))
-        else:
-            fields["cosine"] = 1.0 if rm == xm else 0.0
-        if fs is not None:
-            fields["ulp_p50"], fields["ulp_p99"] = _compiled_measure.hist_quantiles(
-                fs.ulp_hist, ulp_vals[: fs.n_ulp_big], _ranks(n_compared, (0.5, 0.99)))
-        else:
-            fields["ulp_p50"], fields["ulp_p99"] = _quantiles(ulp_vals[:n_compared], (0.5, 0.99))
-        fields["ulp_max"] = ulp_max
-        fields["cond_p50"], fields["cond_p99"] = _quantiles(cond_vals[:n_compared], (0.5, 0.99))
-        fields["cond_max"] = cond_max
-    del cond_vals, ulp_vals
+        # -- mismatches and the worst element -----------------------------------------------------------
+        n_mismatch = self.n_over + self.n_bad_nf
+        fields["n_mismatch"] = n_mismatch
+        fields["mismatch_frac"] = n_mismatch / self.n_in_domain if self.n_in_domain else 0.0
+        first_bad, worst_cond = self.first_bad, self.worst_cond
+        worst: tuple[int, int] | None = None
+        if first_bad is not None:
+            worst = (first_bad[1], first_bad[0])
+        elif worst_cond is not None:
+            worst = (worst_cond[1], worst_cond[2])
+        if worst is not None:
+            fields.update(self._worst_element(worst, x, trace))
+            fields["worst_cond"] = worst_cond[0] if first_bad is None and worst_cond is not None else inf
 
-    # -- mismatches and the worst element ---------------------------------------------------------------
-    n_mismatch = n_over + n_bad_nf
-    fields["n_mismatch"] = n_mismatch
-    fields["mismatch_frac"] = n_mismatch / n_in_domain if n_in_domain else 0.0
-    worst: tuple[int, int] | None = None
-    if first_bad is not None:
-        worst = (first_bad[1], first_bad[0])
-    elif worst_cond is not None:
-        worst = (worst_cond[1], worst_cond[2])
-    if worst is not None:
+        # -- along the length -------------------------------------------------------------------------
+        fields["onset_t"] = _first_true(self.mismatch_t)
+        pt_cond, pt_abs = self.per_t_cond.numpy(), self.per_t_abs.numpy()  # (-1: nothing compared at t)
+        fields["growth_exponent"] = _fit_slope(pt_abs)
+        fields["cond_growth_exponent"] = _fit_slope(pt_cond)
+        half = math.ceil(s.length / 2)
+        for name, part in (("max_error_first_half", pt_cond[:half]), ("max_error_second_half", pt_cond[half:])):
+            m = float(part.max()) if part.size else -1.0
+            fields[name] = m if m >= 0 else math.nan
+        ends = _sample_ends(s.length)
+        maxima = np.maximum.reduceat(pt_cond, (0, *(e + 1 for e in ends[:-1])))  # over (previous end, end]
+        fields["error_by_position"] = tuple((e, float(m) if m >= 0 else math.nan) for e, m in zip(ends, maxima))
+
+        # -- non-finite values and the domain -----------------------------------------------------------
+        if self.n_bad_nf:
+            klass = "kernel_nonfinite"
+        elif self.any_nan_vs_inf:
+            klass = "nan_vs_inf"
+        elif self.any_xor:
+            klass = "expected_overflow"
+        elif self.any_knf:
+            klass = "agree"
+        elif self.n_underflow:
+            klass = "expected_underflow"
+        else:
+            klass = "none"
+        onset = _first_true(self.ood_t)
+        range_cause = "none"
+        if onset is not None:
+            v = views if views is not None else _Views.of(s, trace, x, b)
+            range_cause = _domain_cause(onset, v.out, v.gro, v.mag, v.sp, v.dp, v.x, v.b, s.limit, s.u, s.depth,
+                                        s.room, s.tiny, s.thr, s.info)
+        if range_cause == "none" and self.n_exhausted:
+            range_cause = "precision_exhausted"
+        fields.update(
+            nonfinite_class=klass,
+            n_kernel_nonfinite=self.n_k_nonfinite,
+            n_kernel_nonfinite_in_domain=self.n_bad_nf,
+            first_nonfinite_t=first_bad[0] if first_bad is not None else None,
+            n_expected_underflow=self.n_underflow,
+            domain_onset_t=onset,
+            domain_cause=range_cause,
+            n_precision_exhausted=self.n_exhausted,
+            precision_onset_t=_first_true(self.lost_t),
+            state_peak_max=self.sp_max,
+            decay_peak_max=self.dp_max,
+        )
+
+        # -- the baseline -------------------------------------------------------------------------------
+        fields["baseline_problem"] = b_problem
+        if b is not None:
+            if self.b_nf:
+                bcm = inf
+            elif self.b_cond_max >= 0:
+                bcm = self.b_cond_max
+            else:
+                bcm = math.nan
+            cm = fields.get("cond_max", math.nan)
+            fields.update(
+                has_baseline=True,
+                baseline_max_abs=self.b_max_abs if self.b_max_abs >= 0 else math.nan,
+                baseline_cond_max=bcm,
+                baseline_n_mismatch=self.b_over + self.b_nf,
+                n_baseline_nonfinite=self.b_nf,
+                baseline_ratio=cm / max(bcm, BASELINE_FLOOR) if not math.isnan(bcm) else math.nan,
+            )
+
+        return Divergence(
+            **s.common(),
+            actual_dtype=actual_dtype,
+            n_in_domain=self.n_in_domain,
+            n_out_of_domain=s.n_elements - self.n_in_domain,
+            n_compared=n_compared,
+            n_rows=s.rows,
+            n_rows_out_of_domain=self.rows_ood,
+            **fields,
+        )
+
+    def _worst_element(self, worst: tuple[int, int], x: torch.Tensor, trace: Any) -> dict[str, Any]:
+        """The worst element's index in the output's layout, values and bound (``worst`` = (row, t))."""
+        s = self.s
         r, t = worst
-        row_shape = shape[:la] + shape[la + 1 :]
+        row_shape = s.shape[: s.la] + s.shape[s.la + 1 :]
         index = [int(i) for i in np.unravel_index(r, row_shape)] if row_shape else []
-        index.insert(la, int(t))
+        index.insert(s.la, int(t))
         at = tuple(index)
-        xo, oo = float(x[at]), float(ref[at])
-        one = lambda t: t[at].reshape(1).to(f64)  # noqa: E731
-        bo = float(rounding_bound(one(trace.magnitude), one(trace.growth), u=u, depth=depth, room=room,
-                                  tiny=tiny)[0])
-        fields.update(
-            worst_index=tuple(index),
-            worst_t=int(t),
-            worst_actual=xo,
-            worst_desired=oo,
-            worst_abs=abs(xo - oo),
-            worst_cond=worst_cond[0] if first_bad is None and worst_cond is not None else inf,
-            worst_bound=bo,
-        )
+        xo, oo = float(x[at]), float(trace.out[at])
+        one = lambda t: t[at].reshape(1).to(torch.float64)  # noqa: E731
+        bo = float(rounding_bound(one(trace.magnitude), one(trace.growth), u=s.u, depth=s.depth, room=s.room,
+                                  tiny=s.tiny)[0])
+        return dict(worst_index=tuple(index), worst_t=int(t), worst_actual=xo, worst_desired=oo,
+                    worst_abs=abs(xo - oo), worst_bound=bo)
 
-    # -- along the length -----------------------------------------------------------------------------
-    fields["onset_t"] = _first_true(mismatch_t)
-    pt_cond, pt_abs = per_t_cond.numpy(), per_t_abs.numpy()  # (-1: nothing compared at t)
-    fields["growth_exponent"] = _fit_slope(pt_abs)
-    fields["cond_growth_exponent"] = _fit_slope(pt_cond)
-    half = math.ceil(length / 2)
-    for name, part in (("max_error_first_half", pt_cond[:half]), ("max_error_second_half", pt_cond[half:])):
-        m = float(part.max()) if part.size else -1.0
-        fields[name] = m if m >= 0 else math.nan
-    ends = _sample_ends(length)
-    maxima = np.maximum.reduceat(pt_cond, (0, *(e + 1 for e in ends[:-1])))  # over (previous end, end]
-    fields["error_by_position"] = tuple((e, float(m) if m >= 0 else math.nan) for e, m in zip(ends, maxima))
 
-    # -- non-finite values and the domain ---------------------------------------------------------------
-    if n_bad_nf:
-        klass = "kernel_nonfinite"
-    elif any_nan_vs_inf:
-        klass = "nan_vs_inf"
-    elif any_xor:
-        klass = "expected_overflow"
-    elif any_knf:
-        klass = "agree"
-    elif n_underflow:
-        klass = "expected_underflow"
-    else:
-        klass = "none"
-    onset = _first_true(ood_t)
-    range_cause = "none" if onset is None else _domain_cause(
-        onset, T_out, T_gro, T_mag, T_sp, T_dp, X, B, limit, u, depth, room, tiny, thr, info)
-    if range_cause == "none" and n_exhausted:
-        range_cause = "precision_exhausted"
-    fields.update(
-        nonfinite_class=klass,
-        n_kernel_nonfinite=n_k_nonfinite,
-        n_kernel_nonfinite_in_domain=n_bad_nf,
-        first_nonfinite_t=first_bad[0] if first_bad is not None else None,
-        n_expected_underflow=n_underflow,
-        domain_onset_t=onset,
-        domain_cause=range_cause,
-        n_precision_exhausted=n_exhausted,
-        precision_onset_t=_first_true(lost_t),
-        state_peak_max=sp_max,
-        decay_peak_max=dp_max,
-    )
+@torch.no_grad()
+@_single_threaded()
+def measure(
+    actual: Any,
+    trace: Any,
+    *,
+    dtype: torch.dtype | str,
+    baseline: Any = None,
+    length_axis: int = -1,
+    depth: int | None = None,
+    tf32: bool = False,
+    cond_threshold: float = COND_THRESHOLD,
+    element_axes_names: Sequence[str] | None = None,
+    function_room: float = 0.0,
+) -> Divergence:
+    """Compare ``actual`` (the kernel's output) with ``trace`` (the float64 oracle); see the module doc.
 
-    # -- the baseline ---------------------------------------------------------------------------------
-    fields["baseline_problem"] = b_problem
-    if b is not None:
-        if b_nf:
-            bcm = inf
-        elif b_cond_max >= 0:
-            bcm = b_cond_max
-        else:
-            bcm = math.nan
-        cm = fields.get("cond_max", math.nan)
-        fields.update(
-            has_baseline=True,
-            baseline_max_abs=b_max_abs if b_max_abs >= 0 else math.nan,
-            baseline_cond_max=bcm,
-            baseline_n_mismatch=b_over + b_nf,
-            n_baseline_nonfinite=b_nf,
-            baseline_ratio=cm / max(bcm, BASELINE_FLOOR) if not math.isnan(bcm) else math.nan,
-        )
+    ``dtype`` is the case's dtype (the inputs were rounded to it); ``baseline`` the same-dtype
+    sequential loop's output; ``length_axis`` the sequence axis of the output (-1 for scans, 1 for
+    retention's (batch, L, heads, dv)); ``depth`` the tree depth in the bound (default
+    ``ceil(log2 L) + 1``); ``tf32`` uses TF32's roundoff for a float32 case; ``cond_threshold`` the
+    cond error counted as a mismatch (pass the policy's); ``element_axes_names`` names the output's
+    axes in messages (default: `default_axis_names`); ``function_room`` the last-place errors of the
+    elementwise functions a step evaluates (exp, softplus, silu, ...), in units of ``u * magnitude``
+    (`harness.problems.Problem.function_room`). Runs single-threaded (see `_single_threaded`).
 
-    return Divergence(
-        **common,
-        actual_dtype=actual_dtype,
-        n_in_domain=n_in_domain,
-        n_out_of_domain=n_elements - n_in_domain,
-        n_compared=n_compared,
-        n_rows=rows,
-        n_rows_out_of_domain=rows_ood,
-        **fields,
-    )
+    Three steps: `_validate` (the caller's arguments), an `_Accumulator` filled by the compiled pass
+    or, when that declines, by the general code chunk by chunk, and `_Accumulator.finish`.
+    """
+    s = _validate(trace, dtype=dtype, length_axis=length_axis, depth=depth, tf32=tf32,
+                  cond_threshold=cond_threshold, element_axes_names=element_axes_names,
+                  function_room=function_room)
+    x, actual_dtype, problem = _read_output(actual, s.shape, "kernel output")
+    if problem is None and s.n_elements == 0:
+        problem = f"the output of shape {s.shape} is empty; there is nothing to compare"
+    if problem is not None:
+        return Divergence(**s.common(), actual_dtype=actual_dtype, problem=problem)
+    assert x is not None
+    b_problem: str | None = None
+    b: torch.Tensor | None = None
+    if baseline is not None:
+        b, _, b_problem = _read_output(baseline, s.shape, "baseline")
+
+    acc = _Accumulator(s)
+    views: _Views | None = None
+    if not acc.fill_compiled(trace, x, b):  # the general code, on (rows, L) views (copies where needed)
+        views = _Views.of(s, trace, x, b)
+        step = max(1, CHUNK_ELEMENTS // max(s.length, 1))
+        for r0 in range(0, s.rows, step):
+            acc.add_chunk(views, r0, min(s.rows, r0 + step))
+    return acc.finish(x, trace, b, b_problem, actual_dtype, views)
 
 
 def rounding_bound(magnitude: torch.Tensor, growth: torch.Tensor, *, u: float, depth: int, room: float = 0.0,
