@@ -21,9 +21,21 @@ from harness.strategies import problems
 
 from harness.records import FAILING_VERDICTS as FAILING  # noqa: E402 - the one definition
 AUTOGRAD = [s for s in all_kernels() if s.capabilities.autograd]
+#: Third-party backward passes with a finding the harness reports (where the package is installed).
+KNOWN_FINDINGS = {
+    "mamba_ssm.ssd_chunk_scan_combined_ref": "mamba-ssm 2.3.2's pure-PyTorch SSD reference returns NaN in the "
+    "gradients of dt and A in float32 (positive dt, no options; e.g. L=64, chunk 8, seed 40)",
+}
 
 
-@pytest.mark.parametrize("spec", AUTOGRAD, ids=[s.name for s in AUTOGRAD])
+def _autograd_params():
+    for spec in AUTOGRAD:
+        marks = ([pytest.mark.xfail(strict=False, raises=AssertionError, reason=KNOWN_FINDINGS[spec.name])]
+                 if spec.name in KNOWN_FINDINGS else [])
+        yield pytest.param(spec, id=spec.name, marks=marks)
+
+
+@pytest.mark.parametrize("spec", list(_autograd_params()))
 def test_gradients_match_the_oracle(spec, harness_policy):
     reason = spec.unavailable_reason()
     if reason:
