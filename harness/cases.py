@@ -246,6 +246,8 @@ def runnable(spec: KernelSpec, problem: Problem) -> bool:
         return False
     if caps.takes_chunk and problem.chunk_size is None:
         return False
+    if problem.chunk_size is not None and caps.chunk_sizes and problem.chunk_size not in caps.chunk_sizes:
+        return False  # a kernel that forms its own chunks (fla's fused_chunk: 64) runs only those
     return True
 
 

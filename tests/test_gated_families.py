@@ -150,3 +150,16 @@ def test_large_dt_turns_softplus_on_only_for_kernels_that_take_it():
 
     draw()
     assert seen[True] > 0  # the kernel that takes the flag does get softplus in large_dt
+
+
+def test_a_sweep_runs_a_kernel_only_at_the_chunk_sizes_it_declares():
+    """fla's fused_chunk forms its own chunks of 64: a sweep's chunk 16 or 128 cell is not its case."""
+    import dataclasses
+
+    from harness.cases import runnable
+
+    spec = registry.get("intree.simple_gla_chunk")
+    fixed = dataclasses.replace(spec, capabilities=dataclasses.replace(spec.capabilities, chunk_sizes=(64,)))
+    assert runnable(fixed, _problem("simple_gla", length=70, chunk_size=64))
+    assert not runnable(fixed, _problem("simple_gla", length=70, chunk_size=16))
+    assert runnable(spec, _problem("simple_gla", length=70, chunk_size=16))
