@@ -60,7 +60,37 @@ def check_decay_floor(p) -> None:
         raise InvalidArgument(f"decay_floor={p.decay_floor!r} must be a number in [-1e6, 0] (the lowest log-decay)")
 
 
-class SimpleGLA(FamilyDef):
+class StatefulFamily(FamilyDef):
+    """A family whose kernels return ``(output, final_state)`` where asked: the gated families.
+
+    The oracle's `GatedTrace` gives one trace per measured target (the chunk term added for a chunked
+    kernel), and a kernel's return value is split into the same targets.
+    """
+
+    @staticmethod
+    def targets(p, t) -> dict[str, Any]:
+        """``{"output": ..., "final_state": ...}`` of a `GatedTrace`, with the chunk term where chunked."""
+        if p.chunk_size is not None:
+            t = t.with_chunk_growth()
+        found = {"output": t.out}
+        if t.final_state is not None:
+            found["final_state"] = t.final_state
+        return found
+
+    def trace(self, p, x, convention):
+        return self.traces(p, x, convention)["output"]
+
+    def split_output(self, p, value):
+        """``(o, final_state)`` -> targets; a kernel that returns o alone has no final state."""
+        if isinstance(value, (tuple, list)):
+            found = {"output": value[0]}
+            if p.final_state:
+                found["final_state"] = value[1] if len(value) > 1 else None
+            return found
+        return {"output": value, **({"final_state": None} if p.final_state else {})}
+
+
+class SimpleGLA(StatefulFamily):
     family = Family.SIMPLE_GLA
     arg_order = ("q", "k", "v", "g")
     regimes = ("trained", "long_memory", "strong_decay", "mixed_heads", "large", "tiny", "uniform_decay")
@@ -153,24 +183,7 @@ class SimpleGLA(FamilyDef):
         cu = None if p.cu_seqlens is None else torch.tensor(p.cu_seqlens, dtype=torch.long)
         t = trace_fn(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"),
                      output_final_state=bool(p.final_state), cu_seqlens=cu, chunk_size=p.chunk_size)
-        if p.chunk_size is not None:
-            t = t.with_chunk_growth()
-        found = {"output": t.out}
-        if t.final_state is not None:
-            found["final_state"] = t.final_state
-        return found
-
-    def trace(self, p, x, convention):
-        return self.traces(p, x, convention)["output"]
-
-    def split_output(self, p, value):
-        """``(o, final_state)`` -> targets; a kernel that returns o alone has no final state."""
-        if isinstance(value, (tuple, list)):
-            found = {"output": value[0]}
-            if p.final_state:
-                found["final_state"] = value[1] if len(value) > 1 else None
-            return found
-        return {"output": value, **({"final_state": None} if p.final_state else {})}
+        return self.targets(p, t)
 
     def differentiable(self, p, x, convention):
         from reference_impls import autograd as ad

@@ -35,12 +35,12 @@ from typing import Any
 import torch
 
 from harness.errors import InvalidArgument
-from harness.families.base import FamilyDef, randn, uniform
-from harness.families.simple_gla import check_decay_floor, decay_floor, draw_state_options
+from harness.families.base import randn, uniform
+from harness.families.simple_gla import StatefulFamily, check_decay_floor, decay_floor, draw_state_options
 from harness.kernels.contract import Family
 
 
-class SSD(FamilyDef):
+class SSD(StatefulFamily):
     family = Family.SSD
     arg_order = ("x", "dt", "A", "B", "C")
     regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay")
@@ -153,23 +153,7 @@ class SSD(FamilyDef):
         t = ssd_trace(x["x"], x["dt"], x["A"], x["B"], x["C"], p.chunk_size, D=x.get("D"), z=x.get("z"),
                       dt_bias=x.get("dt_bias"), dt_softplus=p.delta_softplus, initial_states=x.get("initial_states"),
                       seq_idx=self.seq_idx(p), return_final_states=p.final_state)
-        if p.chunk_size is not None:
-            t = t.with_chunk_growth()
-        found = {"output": t.out}
-        if t.final_state is not None:
-            found["final_state"] = t.final_state
-        return found
-
-    def trace(self, p, x, convention):
-        return self.traces(p, x, convention)["output"]
-
-    def split_output(self, p, value):
-        if isinstance(value, (tuple, list)):
-            found = {"output": value[0]}
-            if p.final_state:
-                found["final_state"] = value[1] if len(value) > 1 else None
-            return found
-        return {"output": value, **({"final_state": None} if p.final_state else {})}
+        return self.targets(p, t)
 
     def differentiable(self, p, x, convention):
         from reference_impls import autograd as ad
