@@ -85,6 +85,14 @@ def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked
         fields["heads"] = rng.randint(1, lim.max_heads)
         fields["dk"] = rng.randint(1, lim.max_head_dim)
         fields["dv"] = rng.randint(1, lim.max_head_dim)
+    if family in (Family.SIMPLE_GLA, Family.GLA, Family.SSD):
+        fields["heads"] = rng.randint(1, lim.max_heads)
+        fields["dv"] = rng.randint(1, lim.max_head_dim)
+        if family is Family.SSD:  # heads a multiple of the B/C groups; the state size N
+            fields["groups"] = rng.choice([g for g in range(1, fields["heads"] + 1) if fields["heads"] % g == 0])
+            fields["state"] = rng.randint(1, lim.max_state)
+        else:
+            fields["dk"] = rng.randint(1, lim.max_head_dim)
     if family is Family.RETENTION_NORMED:
         lo, hi = math.log10(EPS_ZERO_AND_RANGE[1]), math.log10(EPS_ZERO_AND_RANGE[2])
         fields["eps"] = 0.0 if rng.random() < 0.5 else float(f"{10.0 ** rng.uniform(lo, hi):.3g}")
@@ -171,8 +179,10 @@ def kernels(third_party: bool = False, planted_bugs: bool = True):
     from harness.kernels import registry
     from tests.planted.bugs import PLANTED
 
-    correct = [(spec, None) for spec in registry.all_kernels()
-               if (spec.source == "intree" or (third_party and spec.source != "user" and not spec.capabilities.slow))
+    from harness.kernels.gated_forms import DIVERGENT_BY_DESIGN
+
+    correct = [(spec, None) for spec in registry.all_kernels() if spec.name not in DIVERGENT_BY_DESIGN
+               and (spec.source == "intree" or (third_party and spec.source != "user" and not spec.capabilities.slow))
                and spec.unavailable_reason() is None]
     planted = [(bug.spec, bug) for bug in PLANTED] if planted_bugs else []
     return correct, planted

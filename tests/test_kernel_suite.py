@@ -16,14 +16,11 @@ from pathlib import Path
 import pytest
 
 from harness.errors import DivergenceError
+from harness.kernels.gated_forms import DIVERGENT_BY_DESIGN
 from harness.kernels.registry import all_kernels
 from harness.project import current
 
-#: In-tree kernels that are divergent by design where the search goes, and why (strict: the search must find it).
-DIVERGENT_BY_DESIGN = {
-    name: "exp(-cumsum) overflows under strong decay: 0 * inf = NaN where the exact output is small (issue 14)"
-    for name in ("intree.simple_gla_chunk_cumprod", "intree.gla_chunk_cumprod")
-}
+# In-tree kernels divergent by design (gated_forms.DIVERGENT_BY_DESIGN): strict xfail, the search must find it.
 
 #: Third-party kernels with a finding the harness reports (documented in docs/adapters.md); not strict: whether
 #: the ci draws reach it depends on the options the search turns on.
