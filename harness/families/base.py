@@ -174,3 +174,19 @@ class FamilyDef:
 
     def __repr__(self) -> str:
         return f"<family {self.family.value}>"
+
+
+def draw_heads(draw, caps, lim) -> dict[str, int]:
+    """Heads and head dims (dk, dv) of a (q, k, v) family, within the kernel's declared head dims or the
+    profile's limits; drawn in this order (heads, dk, dv), which the derandomized ci draws depend on."""
+    from hypothesis import strategies as st
+
+    fields = {"heads": draw(st.integers(1, lim.max_heads))}
+    if caps.head_dims:
+        fields["dk"] = draw(st.sampled_from(caps.head_dims))
+        fields["dv"] = draw(st.sampled_from(caps.head_dims))
+    else:
+        top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
+        fields["dk"] = draw(st.integers(1, top_d))
+        fields["dv"] = draw(st.integers(1, top_d))
+    return fields

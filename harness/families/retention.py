@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from harness.families.base import FamilyDef, randn
+from harness.families.base import FamilyDef, draw_heads, randn
 from harness.kernels.contract import Family
 
 
@@ -75,16 +75,7 @@ class Retention(FamilyDef):
         return vjp(lambda v: ad.retention(v["q"], v["k"], v["v"], gamma, scale), ax, names, c)
 
     def draw_fields(self, draw, caps, lim, regime, common):
-        from hypothesis import strategies as st
-
-        fields = {"heads": draw(st.integers(1, lim.max_heads))}
-        if caps.head_dims:
-            fields["dk"] = draw(st.sampled_from(caps.head_dims))
-            fields["dv"] = draw(st.sampled_from(caps.head_dims))
-        else:
-            top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
-            fields["dk"] = draw(st.integers(1, top_d))
-            fields["dv"] = draw(st.integers(1, top_d))
+        fields = draw_heads(draw, caps, lim)
         return fields
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from harness.errors import InvalidArgument
-from harness.families.base import FamilyDef, randn, uniform
+from harness.families.base import FamilyDef, draw_heads, randn, uniform
 from harness.kernels.contract import Family
 
 #: The log-decay ranges of hypothesis-drawn explicit values, per regime.
@@ -202,16 +202,7 @@ class SimpleGLA(StatefulFamily):
         return super().element_bounds(p, name)
 
     def draw_fields(self, draw, caps, lim, regime, common):
-        from hypothesis import strategies as st
-
-        fields = {"heads": draw(st.integers(1, lim.max_heads))}
-        if caps.head_dims:
-            fields["dk"] = draw(st.sampled_from(caps.head_dims))
-            fields["dv"] = draw(st.sampled_from(caps.head_dims))
-        else:
-            top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
-            fields["dk"] = draw(st.integers(1, top_d))
-            fields["dv"] = draw(st.integers(1, top_d))
+        fields = draw_heads(draw, caps, lim)
         fields.update(draw_state_options(draw, caps, common))
         return fields
 
@@ -223,10 +214,10 @@ def draw_state_options(draw, caps, common) -> dict[str, Any]:
     from hypothesis import strategies as st
 
     fields: dict[str, Any] = {}
-    fields["has_initial_state"] = bool(getattr(caps, "initial_state", False)) and draw(st.booleans())
-    fields["final_state"] = bool(getattr(caps, "final_state", False)) and draw(st.booleans())
+    fields["has_initial_state"] = caps.initial_state and draw(st.booleans())
+    fields["final_state"] = caps.final_state and draw(st.booleans())
     length = common["length"]
-    if getattr(caps, "varlen", False) and length > 1 and draw(st.booleans()):
+    if caps.varlen and length > 1 and draw(st.booleans()):
         cuts = draw(st.lists(st.integers(1, length - 1), min_size=1, max_size=min(3, length - 1), unique=True))
         fields["cu_seqlens"] = (0, *sorted(cuts), length)
         fields["batch"] = 1

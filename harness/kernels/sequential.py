@@ -155,8 +155,7 @@ def _loader(module: str, attr: str, fn: Callable) -> Callable[[], Callable]:
 
 
 _CAPS = Capabilities(notes="the float64 oracle's own loop, run in the input dtype")
-_GATED_CAPS = dataclasses.replace(_CAPS, **{f: True for f in ("initial_state", "final_state", "varlen")
-                                            if f in {x.name for x in dataclasses.fields(Capabilities)}})
+_GATED_CAPS = dataclasses.replace(_CAPS, initial_state=True, final_state=True, varlen=True)
 
 KERNELS: list[KernelSpec] = [
     KernelSpec(
