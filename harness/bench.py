@@ -483,7 +483,7 @@ def case_cost(lengths: list[int], seeds: int = 2) -> list[dict]:
 def _pytest(run_dir: Path, workers: int | None) -> tuple[float, str]:
     """Run the README's test command (ci profile) in a subprocess: (wall seconds, pytest's last line)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci",
-           "--harness-report-dir", str(run_dir)]
+           "--harness-report-dir", str(run_dir), "-m", "not slow"]
     if workers:
         cmd[3:3] = ["-n", str(workers), "--dist", "loadgroup"]  # as `make test`
     began = time.perf_counter()
@@ -494,18 +494,23 @@ def _pytest(run_dir: Path, workers: int | None) -> tuple[float, str]:
 
 
 def make_test_runs() -> tuple[list[dict], list[dict]]:
-    """`make test`'s wall time, serial and with ``-n 2``, and the ci profile's cases per second per
-    family, from the records of the serial run (each case's own time, ``t_case``)."""
+    """`make test`'s wall time, serial and with ``-n 2``, idle and (``-n 2``) with one core kept busy
+    by `busy_core`, and the ci profile's cases per second per family, from the records of the serial
+    run (each case's own time, ``t_case``)."""
     from harness.store import load_records
 
     walls, families = [], []
+    runs = [(None, "idle", contextlib.nullcontext), (2, "idle", contextlib.nullcontext)]
+    if hasattr(os, "sched_setaffinity"):
+        runs.append((2, "busy", busy_core))
     with tempfile.TemporaryDirectory() as tmp:
-        for workers in (None, 2):
-            run_dir = Path(tmp) / f"run-{workers or 1}"
-            wall, last = _pytest(run_dir, workers)
-            walls.append({"group": "make_test", "command": "pytest --hypothesis-profile=ci"
-                          + (f" -n {workers}" if workers else " (serial)"), "wall_s": round(wall, 1),
-                          "result": last})
+        for workers, load, context in runs:
+            run_dir = Path(tmp) / f"run-{workers or 1}-{load}"
+            with context():
+                wall, last = _pytest(run_dir, workers)
+            walls.append({"group": "make_test", "command": "pytest --hypothesis-profile=ci -m 'not slow'"
+                          + (f" -n {workers} --dist loadgroup" if workers else " (serial)"), "load": load,
+                          "wall_s": round(wall, 1), "result": last})
             if workers:
                 continue
             recs = [r for r in load_records(run_dir) if r.get("t_case") is not None]
@@ -712,7 +717,8 @@ def run(out: Path, lengths: list[int], case_lengths: list[int], reps: int, mem: 
         "jit": "numba first use in a fresh process (import, then every kernel in float32 and float64)",
         "cases": f"Where a case's time goes (run_case, float32, the shapes above; harness = measure + records, "
                  f"target < {HARNESS_TARGET:.0%}; inputs = the seeded float64 draws, shown apart)",
-        "make_test": "make test's wall time on this machine (the README's test command, ci profile)",
+        "make_test": "make test's wall time on this machine (the README's test command, ci profile), idle and "
+                     "with one core kept busy by a spinning process",
         "ci_suite": "ci profile: generated cases per second per family (records of the serial run; each case's "
                     "own time, t_case)",
         "oracle_step": "Selective-scan oracle cost per step vs batch (what limits it)",

@@ -203,22 +203,47 @@ def _check_targets(args) -> list[tuple[str, str | None]]:
     return [(kernel_target(k, project), args.family or k.family) for k in project.kernels]
 
 
+def _check_units(targets: list[tuple[str, str | None]], dtypes: tuple[str, ...] | None, device: str,
+                 shard) -> list[tuple[str, str | None, tuple[str, ...] | None]]:
+    """(target, family, dtypes) of each search to run. Unsharded: one search per kernel over ``dtypes``.
+    With ``--shard K/N``: the units are (kernel, dtype), every dtype the kernel runs on ``device`` (of
+    ``dtypes`` if given), in the order of the table and the kernel's declared dtypes, and this job takes
+    every N-th unit from the K-th (`harness.shard.Shard.take`): the split depends on the arguments and
+    the kernels' declarations only, so every job computes it alike, and ``--shard 1/1`` runs the same
+    searches, one job, as the union of the N jobs' runs (`harness merge`)."""
+    from harness.api import user_kernel_spec
+
+    if shard is None:
+        return [(target, family, dtypes) for target, family in targets]
+    units = []
+    for target, family in targets:
+        caps = user_kernel_spec(target, family=family).capabilities
+        units += [(target, family, (d,)) for d in (dtypes or caps.dtypes) if caps.runs(d, device) is None]
+    return list(shard.take(units))
+
+
 def cmd_check(args) -> int:
     from harness.api import check, user_kernel_spec
+    from harness.shard import Shard, shard_header
     from harness.store import RunStore, environment
 
     targets = _check_targets(args)
     for target, family in targets:  # a bad target is a usage error before any directory is made
         user_kernel_spec(target, family=family)
+    shard = Shard.parse(args.shard) if args.shard else None
+    units = _check_units(targets, args.dtypes, args.device, shard)
     project = _project(args)
     profile = args.profile or project.profile or "ci"
     cases_dir = Path(args.cases_dir) if args.cases_dir else project.counterexamples_dir
     run_dir = _run_dir(args, "check")
+    if shard is not None and not units:
+        print(f"shard {shard.label}: no (kernel, dtype) search falls to this job (there are fewer than "
+              f"{shard.count}); its run holds no records", file=sys.stderr)
     results = []
     try:
-        with RunStore(run_dir, header=environment(profile)) as store:
-            for target, family in targets:
-                results.append(check(target, family=family, profile=profile, dtypes=args.dtypes,
+        with RunStore(run_dir, header=dict(environment(profile), **shard_header(shard))) as store:
+            for target, family, dtypes in units:
+                results.append(check(target, family=family, profile=profile, dtypes=dtypes,
                                      device=args.device, max_length=args.max_length,
                                      max_examples=args.max_examples, policy=_policy(args),
                                      store=_Interruptible(store), counterexample_dir=cases_dir,
@@ -436,6 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "project's counterexamples folder)")
     s.add_argument("--no-grad", action="store_true",
                    help="skip the gradient check (by default every differentiable kernel's gradients are checked)")
+    s.add_argument("--shard", default=None, metavar="K/N",
+                   help="run job K of N: one search per (kernel, dtype), every N-th from the K-th (merge the runs "
+                        "with `merge`)")
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("sweep", help="run a named sweep (the project's, else a built-in one) or a .toml file")
@@ -460,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None)
     s.set_defaults(func=cmd_report)
 
-    s = sub.add_parser("merge", help="join the runs of a sharded sweep (--shard K/N) into one run and report it")
+    s = sub.add_parser("merge", help="join the runs of a sharded sweep or check (--shard K/N) into one run and report it")
     s.add_argument("run_dirs", nargs="+", metavar="RUN")
     s.add_argument("--out", required=True, help="the merged run directory (must not exist)")
     s.add_argument("--allow-missing", action="store_true", help="merge although some shards are missing")

@@ -81,24 +81,32 @@ chunk (each at most 2 u Lambda_t relative, and H_t their absolute sum); D carrie
 passed in from earlier chunks (formed with their own Lambda), decayed exactly like the state. For the
 final state Y at the last step is the chunk term.
 
-How tight, and what it assumes: ``u Lambda`` is the typical size of a cumulative sum's error, not its
-worst case. Each addition of a running sum rounds relative to the partial sum, so the worst case is
-``u (|G_c| + ... + |G_t|)``, up to (t - c + 1) times more for a sequential sum when the roundings all
-share a sign (for a tree-shaped scan such as Triton's ``tl.cumsum``, about log2 of the chunk length
-times). The roundings of a sum of data-dependent gates have no common sign, so the term uses the
-first-order size; measured on float32 chunk forms (in-tree and fla's ``naive_chunk_simple_gla``,
-log-decays in [-20, 0] and [-1, 0], T = 70, chunk 64) the error stays within 0.30 of
-``u (growth + chunk_growth + magnitude)`` while it exceeds ``u (growth + magnitude)`` 10.9 times
-(``scripts/gated_chunk_error.py``). It is a first-order bound: ``exp`` of an exponent off by e is off
-by ``e^e - 1``, which is e only while e is small. In bfloat16 under strong decay ``u Lambda`` reaches
-about 2.5, the decay factors have no correct bits left, and the chunk forms' errors reach 1.0-1.1 of the
-bound; there ``u (growth + chunk_growth)`` exceeds the magnitude itself, which a harness treats as
-the dtype's precision limit, not as a verdict on the kernel.
+How tight, and what it assumes: Lambda is not ``|G_t|`` but the typical size of the cumulative sum's
+own error. Each addition of a running sum rounds relative to the partial sum, so the error of
+``G_t - G_s`` is a sum of roundings ``u |G_i|`` over the steps between: when they share a sign (the
+worst case) ``u (|G_c| + ... + |G_t|)``, up to (t - c + 1) times ``u |G_t|``; for roundings of no common
+sign (the sums of data-dependent gates) a random walk, ``u sqrt(G_c^2 + ... + G_t^2)``. The term uses
+the random walk, ``Lambda_t = sqrt(sum_{i=c..t} M_i^2)`` with ``M_i = |g_c| + ... + |g_i|``, at least
+``M_t`` (a tree-shaped scan such as Triton's ``tl.cumsum`` errs about log2 of the chunk length times
+``u M_t``, below it). For a short chunk it is a few ``M_t`` (64 steps of even decay: 4.6); first it was
+``M_t`` itself, which held for 64-step chunks (float32 chunk forms, in-tree and fla's
+``naive_chunk_simple_gla``, log-decays in [-20, 0] and [-1, 0], T = 70: the error within 0.30 of
+``u (growth + chunk_growth + magnitude)``, ``scripts/gated_chunk_error.py``) and not for long ones: a
+200-example ci search drew the in-tree float16 chunk form at chunk 861 (L=2048, strong decay) whose
+error reached 2.1 of that bound, 33 times the float16 loop's, on a head of mild decay where hundreds of
+steps of roundings add up. It is a first-order bound: ``exp`` of an exponent off by e is off by
+``e^e - 1``, which is e only while e is small. In bfloat16 under strong decay ``u Lambda`` exceeds 1, the
+decay factors have no correct bits left, and ``u (growth + chunk_growth)`` exceeds the magnitude itself,
+which a harness treats as the dtype's precision limit, not as a verdict on the kernel.
 
-Chunks start at each sequence's first step for
-simple_gla/gla (fla's varlen chunks are per sequence) and at multiples of chunk_size along the whole
-row for ssd (mamba-ssm's cumulative sums run over seq_idx boundaries, so Lambda does too). A harness
-bounds a chunked kernel's error by ``u (growth + chunk_growth)`` (`GatedTrace.with_chunk_growth`).
+A packed sequence (cu_seqlens, seq_idx) may be blocked in chunks from
+its first step (fla's varlen chunks are per sequence) or at multiples of chunk_size along the whole row
+(mamba-ssm's cumulative sums run over seq_idx boundaries, so Lambda does too); both are correct, and
+the term bounds either (`_chunk_mass`: the larger mass, a chunk's first step in either blocking). With
+only one blocking the other false-alarmed: the in-tree ssd chunk form restarts its chunks at each
+sequence, and at cu_seqlens [0, 2, 196] with chunk 98 its float64 error reached 1.76 of a bound made
+for row chunks. A harness bounds a chunked kernel's error by ``u (growth + chunk_growth)``
+(`GatedTrace.with_chunk_growth`).
 
 Memory: per block of steps the states are (steps, batch, heads, K, V); no (T, K, V) tensor is formed.
 """
@@ -298,19 +306,39 @@ def _check_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_s
 # The one loop
 
 
-def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(Lambda, chunk_start): the within-chunk log-decay mass ``|g_c| + ... + |g_t|`` (float64, g's shape
-    (batch, n, heads, Kg)) and whether step t is a chunk's first, for chunks of ``chunk_size`` steps
-    from step 0. Lambda is a difference of float64 running sums: a bound, good to far better than the
-    float32/16 roundings it scales."""
+def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None, t0: int = 0,
+                t1: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(Lambda, chunk_start) of the steps ``t0 .. t1 - 1`` of the rows ``g_abs`` (batch, T, heads, Kg),
+    where one sequence runs: the size of the within-chunk cumulative sums' error in units of u (float64;
+    the random walk of the module docstring, at least the log-decay mass ``|g_c| + ... + |g_t|``) and
+    whether step t is a chunk's first, for chunks of ``chunk_size`` steps.
+
+    A chunked kernel may block a packed sequence either way: chunks from the sequence's first step
+    (fla's varlen) or at multiples of ``chunk_size`` along the whole row (mamba-ssm's ``seq_idx``, whose
+    cumulative sums run over the earlier sequence's steps in the same chunk). The term bounds both:
+    Lambda is the larger of the two masses, and a step is a chunk's first in either blocking. For a
+    sequence at ``t0 = 0`` the two are the same. Lambda comes from float64 running sums: good to far
+    better than the float32/16 roundings it scales."""
     if chunk_size is None:
         return None
-    n = g_abs.shape[1]
-    t = torch.arange(n)
-    first = t - t % chunk_size  # the first step of t's chunk
-    running = torch.cat([torch.zeros_like(g_abs[:, :1], dtype=torch.float64), g_abs.double().cumsum(1)], dim=1)
-    lam = running[:, t + 1] - running[:, first]
-    return lam, t == first
+    t1 = g_abs.shape[1] if t1 is None else t1
+    t = torch.arange(t0, t1)
+    in_sequence = t - (t - t0) % chunk_size  # the first step of t's chunk, chunks from the sequence's start
+    in_row = t - t % chunk_size  # ... chunks at multiples of chunk_size along the row
+    g64 = g_abs.double()
+
+    def random_walk(c0: int) -> torch.Tensor:
+        """sqrt(sum_{i=c..t} M_i^2), M_i = |g_c| + ... + |g_i|, for chunks from step c0 over the steps
+        c0 .. t1 - 1: sums inside each chunk (no differences of long running sums, which lose small ones)."""
+        x = g64[:, c0:t1]
+        n = x.shape[1]
+        x = torch.cat([x, x.new_zeros(x.shape[0], -n % chunk_size, *x.shape[2:])], dim=1)
+        x = x.reshape(x.shape[0], -1, chunk_size, *x.shape[2:])
+        mass = x.cumsum(2)
+        return (mass * mass).cumsum(2).sqrt().reshape(x.shape[0], -1, *x.shape[3:])[:, :n]
+
+    lam = torch.maximum(random_walk(t0), random_walk(t0 - t0 % chunk_size)[:, t0 % chunk_size:])
+    return lam, (t == in_sequence) | (t == in_row)
 
 
 @_loop.single_threaded()
@@ -426,33 +454,30 @@ def _join(parts: list[GatedTrace], out_dim: int, *, finals: str) -> GatedTrace:
                       final_state_chunk_growth=final_chunk)
 
 
-def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None, row_chunks=False,
-           extra=None):
+def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None, extra=None,
+           chunk=None):
     """The gated recurrence on (batch, T, ...) inputs, split into independent segments.
 
     ``segments``: None (each batch row is one sequence from ``h0``), or a list with, per batch row, the
     (start, stop) runs that restart the state; the first run of a row starts from that row of ``h0``,
     every later one from zeros (ssd's seq_idx; fla's cu_seqlens goes through `_run_fla`, one call per
-    sequence, since its initial states are per sequence). ``row_chunks``: chunks counted along the whole row
-    (ssd) rather than from each segment's start (fla). ``extra``: `_segment`'s, for the whole
-    (batch, T). Returns (o, final states, GatedTrace or None).
+    sequence, since its initial states are per sequence). ``extra``: `_segment`'s, for the whole
+    (batch, T). ``chunk``: the chunk term's `_chunk_mass` when the caller cut the rows out of longer ones
+    (default: computed here, for chunks in either blocking). Returns (o, final states, GatedTrace or None).
     """
     q, k, v, g = (x.to(device=device, dtype=dtype) for x in (q, k, v, g))
     h0 = None if h0 is None else h0.to(device=device, dtype=dtype)
     g_abs = g.abs()
     if segments is None:
-        chunk = _chunk_mass(g_abs, chunk_size) if with_trace else None
+        if chunk is None and with_trace:
+            chunk = _chunk_mass(g_abs, chunk_size)
         return _segment(q, k, v, g, h0, scale, chunk, with_trace=with_trace, extra=extra)
     outs, finals, rows = [], [], []
     for b, runs in enumerate(segments):
-        row_chunk = _chunk_mass(g_abs[b:b + 1], chunk_size) if with_trace and row_chunks else None
         pieces, parts, state = [], [], None
         for i, (t0, t1) in enumerate(runs):
             start = h0[b:b + 1] if (h0 is not None and i == 0) else None
-            chunk = None
-            if with_trace and chunk_size is not None:
-                chunk = ((row_chunk[0][:, t0:t1], row_chunk[1][t0:t1]) if row_chunks
-                         else _chunk_mass(g_abs[b:b + 1, t0:t1], chunk_size))
+            chunk = _chunk_mass(g_abs[b:b + 1], chunk_size, t0, t1) if with_trace else None
             sl = (slice(b, b + 1), slice(t0, t1))
             part_extra = None if extra is None else tuple(e[sl] for e in extra)
             o_seg, state, part = _segment(q[sl], k[sl], v[sl], g[sl], start, scale, chunk, with_trace=with_trace,
@@ -476,8 +501,10 @@ def _run_fla(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chun
     outs, finals, traces = [], [], []
     for i, (t0, t1) in enumerate(segments):
         start = None if h0 is None else h0[i:i + 1]
+        chunk = _chunk_mass(g.abs(), chunk_size, t0, t1) if with_trace else None
         o, final, trace = _gated(q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], g[:, t0:t1], scale, start, None,
-                                 dtype=dtype, device=device, with_trace=with_trace, chunk_size=chunk_size)
+                                 dtype=dtype, device=device, with_trace=with_trace, chunk_size=chunk_size,
+                                 chunk=chunk)
         outs.append(o)
         finals.append(final)
         traces.append(trace)
@@ -622,7 +649,7 @@ def _ssd_run(args, *, dtype, device, with_trace, chunk_size=None):
     start = None if h0 is None else h0.transpose(-1, -2)  # h (P, N) is S^T
     extra = _ssd_input_rounding(pre, dt, log_decay, dt_bias is not None, softplus) if with_trace else None
     o, state, trace = _gated(q, k, v, log_decay, 1.0, start, rows, dtype=dtype, device=device,
-                             with_trace=with_trace, chunk_size=chunk_size, row_chunks=True, extra=extra)
+                             with_trace=with_trace, chunk_size=chunk_size, extra=extra)
     final = state.transpose(-1, -2)
     y = o
     if D is not None:

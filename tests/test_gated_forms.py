@@ -14,6 +14,8 @@ states inside the kernel) agree with the ssd oracle, the recurrent one bit for b
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -216,3 +218,58 @@ def test_ssd_forms_agree_with_the_oracle(name):
     three = torch.randn(batch, length, 3, n_state, dtype=torch.float64)
     with pytest.raises(InvalidArgument, match=r"heads divisible by groups"):
         fn(x, dt, A, three, three, 4)
+
+
+def test_the_chunk_term_bounds_both_blockings_of_a_packed_sequence():
+    """A packed sequence may be chunked from its own first step (fla's varlen) or at multiples of the
+    chunk size along the row (mamba-ssm's seq_idx): the chunk mass is the larger of the two at every
+    step, a chunk's first step in either blocking counts, and a sequence at t0 = 0 keeps one blocking."""
+    from reference_impls.gated_decay import _chunk_mass
+
+    g_abs = torch.rand(1, 23, 1, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 20
+    lam, first = _chunk_mass(g_abs, 5, 2, 23)  # the sequence runs over steps 2..22
+    g = g_abs[0, :, 0, 0].tolist()
+
+    def walk(c, t):  # sqrt of the sum of the squared partial masses |g_c| + ... + |g_i|, i = c..t
+        return math.sqrt(sum(sum(g[c:i + 1]) ** 2 for i in range(c, t + 1)))
+
+    for i, t in enumerate(range(2, 23)):
+        own, row = walk(t - (t - 2) % 5, t), walk(t - t % 5, t)
+        assert float(lam[0, i, 0, 0]) == pytest.approx(max(own, row), rel=1e-12)
+        assert bool(first[i]) == ((t - 2) % 5 == 0 or t % 5 == 0)
+    lam0, first0 = _chunk_mass(g_abs, 5)
+    assert torch.equal(first0, torch.arange(23) % 5 == 0)
+    assert lam0[0, :, 0, 0].tolist() == pytest.approx([walk(t - t % 5, t) for t in range(23)], rel=1e-12)
+
+
+def test_the_chunk_term_grows_with_the_chunk_length_like_a_random_walk():
+    """The float16 case a 200-example ci search found: the in-tree chunk form at chunk 861 (L=2048,
+    strong decay) erred 2.1 times a chunk term of the mass alone (33x the float16 loop), on a head of mild
+    decay where hundreds of roundings of the cumulative sum add up; the random-walk term covers it."""
+    from harness.cases import problem_from_json
+    from harness.kernels.registry import get
+    from harness.runner import run_case
+
+    p = problem_from_json({"batch": 1, "chunk_size": 861, "device": "cpu", "dk": 11, "dtype": "float16", "dv": 4,
+                           "eps": None, "family": "simple_gla", "heads": 3, "length": 2048,
+                           "regime": "strong_decay", "seed": 25453753, "tf32": False}, "problem")
+    rec = run_case(get("intree.simple_gla_chunk"), p)
+    assert rec["verdict"] in ("equivalent", "out_of_domain") and rec["cond_max"] <= 1, (rec["verdict"], rec.get("why"))
+
+
+def test_ssd_chunk_restarting_at_each_sequence_is_not_a_false_alarm():
+    """The float64 case a 200-example ci search found: cu_seqlens [0, 2, 196], chunk 98, strong decay.
+    The in-tree ssd chunk form restarts its chunks at the second sequence (chunks 2..99, 100..195), so
+    at t = 99 its decay factors carry 97 steps of log-decay mass; a bound made for row chunks (98..195)
+    gave cond 1.76 there. Bounding both blockings: equivalent, cond 0.14."""
+    from harness.cases import problem_from_json
+    from harness.kernels.registry import get
+    from harness.runner import run_case
+
+    p = problem_from_json({"batch": 1, "chunk_size": 98, "cu_seqlens": [0, 2, 196], "delta_softplus": False,
+                           "device": "cpu", "dim": 4, "dk": 8, "dtype": "float64", "dv": 2, "eps": None,
+                           "family": "ssd", "groups": 1, "has_D": False, "has_delta_bias": False, "has_z": False,
+                           "heads": 1, "length": 196, "regime": "strong_decay", "seed": 1, "state": 1,
+                           "tf32": False}, "problem")
+    rec = run_case(get("intree.ssd_chunk"), p)
+    assert rec["verdict"] == "equivalent" and rec["cond_max"] < 0.5, (rec["verdict"], rec.get("why"))

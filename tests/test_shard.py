@@ -126,3 +126,45 @@ def test_the_command_line_shards_and_merges(sharded, tmp_path, capsys):
     assert main(["merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--out", str(tmp_path / "m")]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "shard=3/2" in err and "missing" in err and "not empty" in err
+
+
+# ------------------------------------------------------------------------------------------ checks
+CHECKED = ("--kernel", "intree.blelloch_scan", "--family", "linear_scan", "--dtypes", "float64,float32,float16",
+           "--profile", "ci", "--max-examples", "3", "--no-grad", "--in-process")
+
+
+def _check(tmp_path, name: str, shard: str | None) -> "Path":
+    from harness.cli import main
+
+    run_dir = tmp_path / name
+    extra = ["--shard", shard] if shard else []
+    assert main(["check", *CHECKED, "--cases-dir", str(tmp_path / "cases"), "--report-dir", str(run_dir),
+                 *extra]) == 0
+    return run_dir
+
+
+def _by_key(records):
+    return sorted(_without_timings(records), key=lambda r: (r["kernel"], r["case"], str(r.get("eps")), str(r.get("mode"))))
+
+
+def test_a_sharded_check_splits_its_searches_by_dtype_and_merges_to_the_one_job_run(tmp_path):
+    """``check --shard K/N``: one search per (kernel, dtype), dealt round robin; the merged jobs' records
+    and tables are those of ``--shard 1/1`` (the same searches in one job), and each job ran only its own
+    dtypes. Without the split every job would run every dtype and the merge would refuse the overlap."""
+    from harness.store import load_header
+
+    whole = _check(tmp_path, "whole", "1/1")
+    parts = [_check(tmp_path, f"part{k}", f"{k}/2") for k in (1, 2)]
+    assert [sorted({r["dtype"] for r in load_records(p)}) for p in parts] == [["float16", "float64"], ["float32"]]
+    assert load_header(parts[0])["shard"] == "1/2"
+    merged = merge_runs(parts, tmp_path / "merged")
+    build_report(tmp_path / "merged")
+    assert len(merged) == len(load_records(whole)) >= 3 * 3
+    assert _by_key(merged) == _by_key(load_records(whole))
+    for name in TABLES:
+        assert (tmp_path / "merged" / name).read_text() == (whole / name).read_text(), name
+
+
+def test_a_check_shard_with_no_search_left_writes_an_empty_run(tmp_path, capsys):
+    run_dir = _check(tmp_path, "empty", "4/4")  # three dtypes, four jobs: the fourth has nothing to do
+    assert load_records(run_dir) == [] and "no (kernel, dtype) search falls to this job" in capsys.readouterr().err
