@@ -435,6 +435,9 @@ CASE_KERNELS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("intree.blelloch_selective_scan", dict(family="selective_scan", **SEL_SHAPE)),
     ("intree.retention_chunkwise", dict(family="retention", chunk_size=64, **RET_SHAPE)),
     ("intree.retention_normed_chunkwise", dict(family="retention_normed", chunk_size=64, eps=1e-6, **RET_SHAPE)),
+    ("intree.simple_gla_chunk", dict(family="simple_gla", chunk_size=64, **RET_SHAPE)),
+    ("intree.gla_chunk", dict(family="gla", chunk_size=64, **RET_SHAPE)),
+    ("intree.ssd_chunk", dict(family="ssd", chunk_size=64, batch=1, heads=4, dv=64, state=64, groups=1)),
 )
 
 

@@ -273,30 +273,3 @@ def test_yar_parallel_float16_ramp_loses_precision_named_precision_loss():
     assert rec["verdict"] == "divergent" and rec["cause"] == "precision_loss", rec["why"]
     assert rec["float64_verdict"] == "equivalent" and rec["baseline_ratio"] > 2
 
-
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_normed_retention_large_at_nightly_dims_is_judged_not_out_of_range(dtype):
-    """The ``large`` scale of the normed retention makes room for dk * L: at the nightly head dim (64)
-    and a length of thousands, a correct kernel's case is judged (equivalent), where the fixed divisor
-    64 put the norm's squares out of float64's range (out_of_domain, input_overflow, on every case)."""
-    spec = registry.get("intree.retention_normed_chunkwise")
-    for seed in range(3):
-        p = Problem(family=Family.RETENTION_NORMED, regime="large", dtype=dtype, length=4096, batch=1, heads=1,
-                    dk=64, dv=8, chunk_size=64, eps=1e-6, seed=seed)
-        rec = run_case(spec, p, RunOptions())
-        assert rec["verdict"] == "equivalent", (seed, rec["verdict"], rec.get("cause"), rec.get("why"))
-
-
-def test_normed_retention_large_scale_is_unchanged_up_to_the_ci_dims():
-    """Every ci problem (dk <= 16, L <= 2048) keeps the divisor 64, so the ci draws and the committed
-    tables do not move; past dk * L = 32768 the divisor grows as its cube root."""
-    from harness.families.base import limit_scale
-    from harness.families.retention_normed import FAMILY, LARGE_SPREAD
-
-    def scale(dk, length):
-        return FAMILY.data_scale(Problem(family=Family.RETENTION_NORMED, regime="large", dtype="float64",
-                                         length=length, dk=dk, dv=dk, eps=1e-6))
-
-    fixed = limit_scale("large", "float64", power=1 / 6, large_div=64.0, tiny_mul=4.0)
-    assert scale(16, 2048) == scale(2, 3) == fixed and 16 * 2048 == LARGE_SPREAD
-    assert scale(64, 4096) == pytest.approx(fixed / 2, rel=1e-12)  # (64 * 4096 / 32768)**(1/3) = 2

@@ -97,10 +97,10 @@ class FamilyDef:
         """The shape the family's contract promises for ``p``."""
         raise NotImplementedError
 
-    def data_scale(self, p: "Problem") -> float:
-        """Scale of the data tensors of ``p``: 1, or near the dtype's limits for ``large`` / ``tiny``:
-        outputs are products of three data factors, so each factor is scaled to max**(1/4) (tiny**(1/4))."""
-        return limit_scale(p.regime, p.dtype, power=0.25, large_div=4.0, tiny_mul=4.0)
+    def data_scale(self, regime: str, dtype: str) -> float:
+        """Scale of the data tensors: 1, or near the dtype's limits for ``large`` / ``tiny``: outputs are
+        products of three data factors, so each factor is scaled to max**(1/4) (tiny**(1/4))."""
+        return limit_scale(regime, dtype, power=0.25, large_div=4.0, tiny_mul=4.0)
 
     def generate(self, p: "Problem", shapes: dict[str, tuple[int, ...]], gen: torch.Generator,
                  ) -> dict[str, torch.Tensor]:
@@ -162,7 +162,7 @@ class FamilyDef:
     # ----------------------------------------------------------------------------- strategies
     def element_bounds(self, p: "Problem", name: str) -> tuple[float, float]:
         """The range of hypothesis-drawn element values of input ``name`` in ``p``'s regime."""
-        s = self.data_scale(p)
+        s = self.data_scale(p.regime, p.dtype)
         return (-2.0 * s, 2.0 * s)
 
     def draw_fields(self, draw: Callable, caps: Capabilities, lim: Any, regime: str, common: dict[str, Any],

@@ -9,25 +9,14 @@ from harness.families.retention import Retention
 from harness.kernels.contract import Family
 
 
-#: dk * L up to which the ``large`` divisor 64 leaves the norm's squares in range (2 * 32768**(1/3) = 64).
-LARGE_SPREAD = 32768
-
-
 class RetentionNormed(Retention):
     family = Family.RETENTION_NORMED
     takes_eps = True
 
-    def data_scale(self, p):
-        """The norm squares its output, so the factors are scaled to max**(1/6), with room for the sums
-        over time and dk: the rounding bound's magnitude companion of one output is up to about
-        ``0.5 * s**3 * dk * L``, and the norm squares it, so ``large`` divides max**(1/6) by
-        ``2 * (dk * L)**(1/3)`` (64 up to dk * L = 32768, which covers every ci problem, whose draws are
-        unchanged). A fixed divisor of 64 made the nightly problems (dk 64, L in the thousands) out of
-        domain in float64 (``input_overflow`` on every large case): a case the generator makes out of
-        range is a case the search cannot judge."""
-        spread = p.dk * p.length
-        large_div = 64.0 if spread <= LARGE_SPREAD else 64.0 * (spread / LARGE_SPREAD) ** (1 / 3)
-        return limit_scale(p.regime, p.dtype, power=1 / 6, large_div=large_div, tiny_mul=4.0)
+    def data_scale(self, regime, dtype):
+        """The norm squares its output, so the factors are scaled to max**(1/6) with room for the sums
+        over time and dv: a larger scale only makes every case out of domain."""
+        return limit_scale(regime, dtype, power=1 / 6, large_div=64.0, tiny_mul=4.0)
 
     def function_room(self, p):
         """The decay powers 1, the root and the divide 2."""
