@@ -53,6 +53,11 @@ def dumps(record: dict[str, Any]) -> str:
     return json.dumps(_encode(record), sort_keys=True, allow_nan=False, default=str)
 
 
+def loads(line: str) -> dict[str, Any]:
+    """One line of `dumps` back as a record (non-finite numbers restored)."""
+    return _decode(json.loads(line))
+
+
 def stamped(record: dict[str, Any]) -> dict[str, Any]:
     """``record`` with this harness's `harness.records.SCHEMA_VERSION` when it carries none (a record
     read from an older run keeps the version it was written with)."""

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import random
 import sys
@@ -190,14 +189,17 @@ def kernels(third_party: bool = False, planted_bugs: bool = True):
 
 def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_path: Path | None,
         progress: bool, *, third_party: bool = False, planted_bugs: bool = True, max_seconds: float | None = None,
-        families: tuple[str, ...] | None = None, max_length: int | None = None) -> list[dict]:
+        families: tuple[str, ...] | None = None, max_length: int | None = None, shard=None) -> list[dict]:
     """Run ``cases`` problems per (dtype, family). Without a time limit the problems are drawn dtype by
     dtype and family by family (the order of the committed tables, so a rerun with the same seed draws
     the same problems); with one (``max_seconds``, checked between problems) round-robin over both, so
-    that every (dtype, family) gets its share."""
+    that every (dtype, family) gets its share. ``shard`` (`harness.shard.Shard`): every problem is drawn,
+    so the draws are the unsharded run's, and this job runs every N-th from the K-th (`--from-records`
+    joins the jobs' records into the unsharded run's tables)."""
     from harness.kernels.contract import Family
     from harness.problems import REGIMES
     from harness.runner import RunOptions, run_case
+    from harness.store import dumps
 
     rng = random.Random(seed)
     correct, planted = kernels(third_party, planted_bugs)
@@ -212,6 +214,7 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                 order = [[(i, d, f)] for d in dtypes for f in fams for i in range(cases)]
             else:
                 order = [[(i, d, f) for d in dtypes for f in fams] for i in range(cases)]
+            position = -1
             for step, batch in enumerate(order):
                 if max_seconds is not None and time.perf_counter() - start > max_seconds:
                     if progress:
@@ -225,12 +228,15 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                         regime = regimes[i % len(regimes)]
                         base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile,
                                             max_length=max_length)
+                        position += 1
+                        if shard is not None and position % shard.count != shard.index - 1:
+                            continue  # drawn (the draws stay the unsharded run's), run by another job
                         for spec, bug in fam_kernels:
                             problem = base if spec.capabilities.takes_chunk else base.replace(chunk_size=None)
                             problem = _fit(problem, spec)
                             rec = run_case(spec, problem, options)
                             row = {
-                                "kind": "planted" if bug else "correct",
+                                "kind": "planted" if bug else "correct", "position": position,
                                 "kernel": spec.name, "family": family.value, "dtype": dtype, "regime": regime,
                                 "length": problem.length, "case": problem.key, "problem": base.key,
                                 "verdict": rec["verdict"], "cause": rec.get("cause"),
@@ -239,8 +245,8 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                                 "exposes": bool(bug.exposes(problem)) if bug else None,
                                 "why": rec.get("why"),
                             }
-                            if fh:
-                                fh.write(json.dumps(dict(row, problem_fields=problem.to_dict()), default=str) + "\n")
+                            if fh:  # the full record too, so that `--from-records` rebuilds every table
+                                fh.write(dumps(dict(row, problem_fields=problem.to_dict(), record=rec)) + "\n")
                             row["record"] = rec  # the full record, to re-judge under other policies
                             out.append(row)
                 if progress and (step + 1) % max(1, len(order) // 20) == 0:
@@ -250,6 +256,30 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
         if fh:
             fh.close()
     return out
+
+
+def load_rows(paths: list[str]) -> list[dict]:
+    """The runs of one or more ``--records`` files (the jobs of a sharded run), as `run` returns them, in
+    the order of the draws.
+    A run recorded twice (the same kernel on the same case, in two files) is refused: the jobs overlap."""
+    from harness.store import loads
+
+    rows, seen = [], {}
+    for path in paths:
+        with open(path) as fh:
+            for number, line in enumerate(fh, 1):
+                row = loads(line)
+                if "record" not in row:
+                    raise SystemExit(f"--from-records: {path}:{number} has no full record (written before records "
+                                     "kept it); rerun that calibration with --records")
+                key = (row["kernel"], row["case"])
+                if key in seen:
+                    raise SystemExit(f"--from-records: {row['kernel']} on case {row['case']} is in both {seen[key]} "
+                                     f"and {path}: the jobs overlap")
+                seen[key] = path
+                row.pop("problem_fields", None)
+                rows.append(row)
+    return sorted(rows, key=lambda r: r["position"])  # the draw order (stable: kernels in their order)
 
 
 # ------------------------------------------------------------------------------------------ summary
@@ -419,7 +449,8 @@ def _table(rows: list[dict]) -> str:
                     disable_numparse=True)
 
 
-def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: float, command: str = "") -> str:
+def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: float | None, command: str = "") -> str:
+    """The tables of ``rows``; ``seconds`` None: rows joined from record files (no one run's time)."""
     import torch
 
     from harness.verdict import BASELINE_FACTOR, COND_THRESHOLD
@@ -432,7 +463,8 @@ def markdown(rows, dtypes, *, cases: int, seed: int, profile: str, seconds: floa
         begin,
         "",
         f"`python scripts/calibrate.py {command}`: {done} of {cases} problems per (dtype, family) "
-        f"run{' (time limit)' if done < cases else ''}, {len(rows)} kernel runs in {seconds:.0f} s; "
+        f"run{' (time limit)' if done < cases else ''}, {len(rows)} kernel runs "
+        f"{f'in {seconds:.0f} s' if seconds is not None else 'joined from the jobs records'}; "
         f"torch {torch.__version__}, CPU. Policy: cond_threshold = {COND_THRESHOLD:g}, "
         f"baseline_factor = {BASELINE_FACTOR:g}.",
         "",
@@ -510,6 +542,12 @@ def main(argv: list[str] | None = None) -> int:
                              "matrices: 8.6 GB per head in float64 at L=32768)")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="stop drawing problems after this long; the table says how many were run")
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="run job K of N: every N-th problem from the K-th (all are drawn, so the problems are "
+                             "the unsharded run's); join the jobs' --records with --from-records")
+    parser.add_argument("--from-records", nargs="+", default=None, metavar="FILE",
+                        help="build the tables from these --records files (the jobs of a sharded run) instead of "
+                             "running; give the run's own --cases, --profile and --dtypes")
     args = parser.parse_args(argv)
     if args.cases < 1:
         parser.error(f"--cases={args.cases} must be at least 1")
@@ -518,19 +556,28 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"--dtypes={args.dtypes!r} contains {bad}; expected a subset of {','.join(DTYPES)}")
 
+    from harness.shard import Shard
+
+    shard = Shard.parse(args.shard) if args.shard else None
     start = time.perf_counter()
     families = tuple(args.families.split(",")) if args.families else None
-    rows = run(args.cases, args.seed, args.profile, dtypes, Path(args.records) if args.records else None,
-               progress=not args.quiet, third_party=args.third_party, planted_bugs=not args.no_planted,
-               max_seconds=args.max_seconds, families=families, max_length=args.max_length)
+    if args.from_records:
+        rows = [r for r in load_rows(args.from_records) if r["dtype"] in dtypes]
+    else:
+        rows = run(args.cases, args.seed, args.profile, dtypes, Path(args.records) if args.records else None,
+                   progress=not args.quiet, third_party=args.third_party, planted_bugs=not args.no_planted,
+                   max_seconds=args.max_seconds, families=families, max_length=args.max_length, shard=shard)
     given = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--records", "--out"):  # where this run wrote things is not part of what it measured
         if flag in given:
             i = given.index(flag)
             del given[i:i + 2]
-    command = " ".join(a for a in given if not a.startswith(("--records=", "--out=")))
+    if "--from-records" in given:
+        i = given.index("--from-records")
+        del given[i:i + 1 + len(args.from_records)]
+    command = " ".join(a for a in given if not a.startswith(("--records=", "--out=", "--from-records=")))
     block = markdown(rows, dtypes, cases=args.cases, seed=args.seed, profile=args.profile,
-                     seconds=time.perf_counter() - start, command=command)
+                     seconds=None if args.from_records else time.perf_counter() - start, command=command)
     if args.print:
         print(block)
     else:
