@@ -273,3 +273,26 @@ def test_ssd_chunk_restarting_at_each_sequence_is_not_a_false_alarm():
                            "tf32": False}, "problem")
     rec = run_case(get("intree.ssd_chunk"), p)
     assert rec["verdict"] == "equivalent" and rec["cond_max"] < 0.5, (rec["verdict"], rec.get("why"))
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["simple_gla", "gla"])
+def test_a_long_chunk_is_formed_in_blocks_of_query_rows_with_the_same_result(monkeypatch, per_key):
+    """A chunk as long as the sequence (legal: the kernels take any chunk size) forms its scores in blocks
+    of query rows, each against the keys up to its last row, so its memory is bounded (the nightly
+    calibration drew chunk ~ L = 13,809 for gla: one (n, n, K) block was 116 GB, a kernel_error on a
+    correct kernel); the blocked outputs equal the one-block outputs to float64 rounding."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 37, 3, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    lg = -torch.rand(2, 37, 3, 4 if per_key else 1, dtype=torch.float64, generator=g) * 3
+    if not per_key:
+        lg = lg[..., 0]
+    fn = gf.gla_chunk if per_key else gf.simple_gla_chunk
+    whole, whole_state = fn(q, k, v, lg, chunk_size=37, output_final_state=True)
+    calls = []
+    real = gf.intra_scores
+    monkeypatch.setattr(gf, "intra_scores", lambda *a, **kw: calls.append(a[0].shape[2]) or real(*a, **kw))
+    monkeypatch.setattr(gf, "INTRA_BLOCK_ELEMENTS", 2 * 3 * 37 * lg.shape[-1] * 5 if per_key else 2 * 3 * 37 * 5)
+    blocked, blocked_state = fn(q, k, v, lg, chunk_size=37, output_final_state=True)
+    assert calls == [5] * 7 + [2]  # 37 query rows in blocks of 5
+    torch.testing.assert_close(blocked, whole, rtol=1e-13, atol=1e-14)
+    assert torch.equal(blocked_state, whole_state)

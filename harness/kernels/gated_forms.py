@@ -151,22 +151,39 @@ def chunk_decays(g_chunk: torch.Tensor) -> torch.Tensor:
     return g_chunk.cumsum(dim=2)
 
 
-def intra_scores(qc, kc, G):
-    """``scores[t, s] = sum_i q_t[i] k_s[i] exp(G_t[i] - G_s[i])`` for s <= t, else 0 (stable form):
-    the difference is masked to s <= t before the exp, so every exponent is <= 0 for g <= 0."""
-    n = qc.shape[2]
-    causal = torch.ones(n, n, dtype=torch.bool, device=qc.device).tril()
-    diff = G[:, :, :, None, :] - G[:, :, None, :, :]  # (batch, heads, n, n, Kg)
-    decay = torch.exp(torch.where(causal[..., None], diff, torch.full((), -torch.inf, dtype=G.dtype,
-                                                                      device=G.device)))
-    if G.shape[-1] == 1:
+#: Elements of the largest (query rows x keys x decay channels) block `chunk_output` forms at once: a
+#: chunk as long as the sequence (a legal chunk size) would otherwise form an (n, n, K) tensor, 116 GB at
+#: n = 13,809 with K = 64, and the kernel would fail for memory where the algorithm is fine.
+INTRA_BLOCK_ELEMENTS = 2**24
+
+
+def intra_scores(qc, kc, Gq, Gk, offset: int = 0):
+    """``scores[t, s] = sum_i q_t[i] k_s[i] exp(G_t[i] - G_s[i])`` for s <= t, else 0 (stable form), for
+    the query rows ``offset .. offset + len(qc)`` of the chunk against its keys ``0 .. len(kc)``: the
+    difference is masked to s <= t before the exp, so every exponent is <= 0 for g <= 0."""
+    n_q, n_k = qc.shape[2], kc.shape[2]
+    t = torch.arange(offset, offset + n_q, device=qc.device)
+    causal = t[:, None] >= torch.arange(n_k, device=qc.device)[None, :]
+    diff = Gq[:, :, :, None, :] - Gk[:, :, None, :, :]  # (batch, heads, n_q, n_k, Kg)
+    decay = torch.exp(torch.where(causal[..., None], diff, torch.full((), -torch.inf, dtype=Gq.dtype,
+                                                                      device=Gq.device)))
+    if Gq.shape[-1] == 1:
         return (qc @ kc.transpose(-1, -2)) * decay[..., 0]
     return torch.einsum("bhti,bhsi,bhtsi->bhts", qc, kc, decay)
 
 
 def chunk_output(qc, kc, vc, G, state):
-    """A chunk's outputs, stable form: the within-chunk scores times v plus the decayed carried state."""
-    return intra_scores(qc, kc, G) @ vc + (qc * torch.exp(G)) @ state
+    """A chunk's outputs, stable form: the within-chunk scores times v plus the decayed carried state.
+    The scores are formed for blocks of query rows (`INTRA_BLOCK_ELEMENTS`), each against the keys up to
+    its last row; a chunk of the usual sizes is one block."""
+    batch, heads, n, kg = G.shape
+    rows = max(1, INTRA_BLOCK_ELEMENTS // max(1, batch * heads * n * kg))
+    inter = (qc * torch.exp(G)) @ state
+    if rows >= n:
+        return intra_scores(qc, kc, G, G) @ vc + inter
+    blocks = [intra_scores(qc[:, :, a:a + rows], kc[:, :, :a + rows], G[:, :, a:a + rows], G[:, :, :a + rows],
+                           offset=a) @ vc[:, :, :a + rows] for a in range(0, n, rows)]
+    return torch.cat(blocks, dim=2) + inter
 
 
 def chunk_state(kc, vc, G, state):

@@ -46,7 +46,7 @@ def _cross_decay_exclusive_form(q, k, v, g, scale, h0, chunk_size):
     outs = []
     for t0, t1, qc, kc, vc, G in gf.chunks(q, k, v, g, scale, chunk_size):
         exclusive = G - g[:, t0:t1].transpose(1, 2)
-        outs.append(gf.intra_scores(qc, kc, G) @ vc + (qc * torch.exp(exclusive)) @ state)
+        outs.append(gf.intra_scores(qc, kc, G, G) @ vc + (qc * torch.exp(exclusive)) @ state)
         state = gf.chunk_state(kc, vc, G, state)
     return gf._collect(outs, q, v), state
 
@@ -59,7 +59,7 @@ def _initial_state_not_decayed_form(q, k, v, g, scale, h0, chunk_size):
     outs = []
     for t0, _, qc, kc, vc, G in gf.chunks(q, k, v, g, scale, chunk_size):
         if t0 == 0:
-            outs.append(gf.intra_scores(qc, kc, G) @ vc + qc @ state)
+            outs.append(gf.intra_scores(qc, kc, G, G) @ vc + qc @ state)
             state = state + (kc * torch.exp(G[:, :, -1:] - G)).transpose(-1, -2) @ vc
         else:
             outs.append(gf.chunk_output(qc, kc, vc, G, state))
