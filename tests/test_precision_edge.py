@@ -226,6 +226,42 @@ def test_explicit_values_keep_the_decays_at_or_below_one(data):
     assert bool((x["delta"] + x["delta_bias"][:, None] >= 0).all())
 
 
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(st.data())
+def test_explicit_values_keep_products_of_four_factors_normal(data):
+    """Every nonzero explicit value is at least `value_floor` in magnitude, so no product of up to four of
+    them is subnormal in the problem's dtype (where a rounding is absolute and a later large factor
+    magnifies it: fla's naive_chunk_simple_gla, q = 1, k = 2**-149, v = 2.9e7, gave 4.0e-38 for 2.8e-38
+    in float32, a divergent verdict on IEEE arithmetic)."""
+    from harness.dtypes import info
+    from harness.strategies import value_floor
+
+    kernel = data.draw(st.sampled_from(["fla.simple_gla.naive_chunk", "intree.sequential_selective_scan",
+                                        "intree.retention_parallel", "intree.blelloch_scan"]))
+    spec = registry.get(kernel)
+    if spec.unavailable_reason() is not None:
+        spec = registry.get("intree.blelloch_scan")
+    p = data.draw(problems(spec, max_length=4)).replace(values=None)
+    if p.n_elements() > 96:
+        return
+    floor = value_floor(p.dtype)
+    assert (floor / 2) ** 4 >= info(p.dtype).smallest_normal
+    for name, values in data.draw(explicit_values(p)).items():
+        assert all(v == 0.0 or abs(v) >= floor for v in values), (name, p.dtype, min(map(abs, values)))
+
+
+def test_the_subnormal_intermediate_case_is_no_longer_drawn_and_was_ieee_arithmetic():
+    """The case itself, replayed with its values: fla's chunk form is 16x the float32 loop there and both
+    are exact IEEE results of their own association; with the floor such values are not drawn."""
+    from harness.strategies import value_floor
+
+    assert 2.0**-149 < value_floor("float32")
+    q, k, v = torch.tensor([1.0, 0.0]), torch.tensor([2.0**-149, 0.0]), 28640519.0
+    scale = torch.tensor(2 ** -0.5, dtype=torch.float32)
+    assert float(((q * scale) @ k) * v) == pytest.approx(4.0134e-38, rel=1e-4)  # scaled first: rounds up
+    assert float((q @ k) * v * scale) == pytest.approx(2.8379e-38, rel=1e-4)  # scaled last: the exact value
+
+
 # --------------------------------------------------------------------------------------------------
 # the shrink deadline
 
