@@ -316,7 +316,7 @@ def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None, t0: int = 0,
     A chunked kernel may block a packed sequence either way: chunks from the sequence's first step
     (fla's varlen) or at multiples of ``chunk_size`` along the whole row (mamba-ssm's ``seq_idx``, whose
     cumulative sums run over the earlier sequence's steps in the same chunk). The term bounds both:
-    Lambda is the larger of the two masses, and a step is a chunk's first in either blocking. For a
+    Lambda is the larger of the two blockings' random walks, and a step is a chunk's first in either blocking. For a
     sequence at ``t0 = 0`` the two are the same. Lambda comes from float64 running sums: good to far
     better than the float32/16 roundings it scales."""
     if chunk_size is None:
