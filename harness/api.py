@@ -11,7 +11,7 @@ suite (tests/test_kernel_suite.py) all run this one search.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Callable
 
 from harness.errors import DivergenceError, InvalidArgument
@@ -96,12 +96,26 @@ class _StopSearch(BaseException):
     """
 
 
+def _without_directory(name: str | None) -> str | None:
+    """A file target ``DIR/FILE.py:ATTR`` (or a kernel name holding one) as ``FILE.py:ATTR``: where a
+    checkout lies (a CI runner's work directory, a pytest tmp_path) must not change what is drawn."""
+    if name is None:
+        return None
+    path, sep, attr = name.rpartition(":")
+    return f"{PurePath(path).name}:{attr}" if sep and path.endswith(".py") else name
+
+
 def database_key(spec: KernelSpec, target: str | None) -> bytes:
     """The example-database key of ``check`` on one kernel: its own, so that checking kernel B after A
-    does not replay A's failure first (one nested search function would give every kernel one key)."""
+    does not replay A's failure first (one nested search function would give every kernel one key).
+
+    A kernel from a file is keyed by the file's name, not its directory (`_without_directory`), so a
+    derandomized search draws the same cases in every clone of the kernel's repository.
+    """
     import hashlib
 
-    return hashlib.sha384(f"harness.check:{spec.name}:{target}:{spec.family.value}".encode()).digest()
+    name, target = _without_directory(spec.name), _without_directory(target)
+    return hashlib.sha384(f"harness.check:{name}:{target}:{spec.family.value}".encode()).digest()
 
 
 def derandomized_seed(spec: KernelSpec, target: str | None) -> int:

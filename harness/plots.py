@@ -44,6 +44,18 @@ def _num(value: Any) -> float:
     return number(value)
 
 
+#: The range drawn on a log axis: matplotlib's log transform overflows (inf limits, singular matrices)
+#: within a few decades of float64's limits, and a kernel's error can be 1e308. A value beyond is drawn
+#: at the edge; the tables and titles carry it exactly.
+LOG_AXIS_RANGE = (1e-150, 1e150)
+
+
+def _on_log_axis(value: float) -> float:
+    """``value`` (positive) clipped into `LOG_AXIS_RANGE`, so that a figure never fails on its size."""
+    low, high = LOG_AXIS_RANGE
+    return min(max(value, low), high)
+
+
 def _positive(value: Any) -> bool:
     v = _num(value)
     return math.isfinite(v) and v > 0
@@ -111,7 +123,7 @@ def _plot_cond_series(ax, series: Mapping[Any, Sequence[Mapping[str, Any]]],
         style = _style(i)
         worst_at: dict[float, float] = {}
         for r in rs:
-            worst_at[x(r)] = max(_num(r.get("cond_max")), worst_at.get(x(r), 0.0))
+            worst_at[x(r)] = max(_on_log_axis(_num(r.get("cond_max"))), worst_at.get(x(r), 0.0))
         xs = sorted(worst_at)
         (line,) = ax.plot(xs, [worst_at[v] for v in xs], label=f"{key[0]} {key[1]}", linewidth=1.2, **style)
         handles.append(line)
@@ -120,7 +132,7 @@ def _plot_cond_series(ax, series: Mapping[Any, Sequence[Mapping[str, Any]]],
             by_verdict.setdefault(str(r.get("verdict")), []).append(r)
         for v, vr in sorted(by_verdict.items()):
             verdicts.add(v)
-            ax.scatter([x(r) for r in vr], [_num(r.get("cond_max")) for r in vr],
+            ax.scatter([x(r) for r in vr], [_on_log_axis(_num(r.get("cond_max"))) for r in vr],
                        marker=VERDICT_MARKERS.get(v, "o"), color=style["color"], s=24, zorder=3)
     ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1.0)
     ax.annotate("rounding bound (cond = 1)", xy=(0.01, 1.0), xycoords=("axes fraction", "data"),
@@ -168,10 +180,10 @@ def plot_error_vs_eps(records: Sequence[Mapping[str, Any]], path: str | os.PathL
     positive = sorted({_num(r.get("eps")) for r in recs if _num(r.get("eps")) > 0})
     has_zero = any(_num(r.get("eps")) == 0 for r in recs)
     # eps = 0 cannot sit on a log axis: draw it one decade left of the smallest positive eps.
-    zero_x = (positive[0] / 10.0) if positive else 1.0
+    zero_x = _on_log_axis(positive[0]) / 10.0 if positive else 1.0
 
     def x_of(eps: float) -> float:
-        return eps if eps > 0 else zero_x
+        return _on_log_axis(eps) if eps > 0 else zero_x
 
     fig, ax = _new_figure()
     series = _by_series(recs)
@@ -209,7 +221,7 @@ def plot_error_vs_log_decay(records: Sequence[Mapping[str, Any]], path: str | os
         chunk = f" c={r.get('chunk_size')}" if r.get("chunk_size") is not None else ""
         series.setdefault((f"{r.get('kernel')}{chunk}", str(r.get("dtype"))), []).append(r)
     fig, ax = _new_figure()
-    handles, verdicts = _plot_cond_series(ax, series, lambda r: -_num(r.get("decay_floor")))
+    handles, verdicts = _plot_cond_series(ax, series, lambda r: _on_log_axis(-_num(r.get("decay_floor"))))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("decay strength: largest per-step |log-decay| (g uniform in [-x, 0])")
@@ -347,7 +359,7 @@ def plot_case(record: Mapping[str, Any], path: str | os.PathLike) -> Path | None
     ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
 
     ts = [t for t, _ in series]
-    finite = [(t, e) for t, e in series if math.isfinite(e) and e > 0]
+    finite = [(t, _on_log_axis(e)) for t, e in series if math.isfinite(e) and e > 0]
     floor = min((e for _, e in finite), default=1e-3) / 10
     tops = [e for _, e in finite] + [1.0]
     top = max(tops) * 10
@@ -405,14 +417,15 @@ def plot_case(record: Mapping[str, Any], path: str | os.PathLike) -> Path | None
             ratio = values / scale
             keep = np.isfinite(ratio) & (ratio > 0)
             if keep.any():
-                ax2.plot(t_all[keep], ratio[keep], color=color, linewidth=1.2, label=label)
-                shown.append(ratio[keep])
+                drawn = np.clip(ratio[keep], *LOG_AXIS_RANGE)
+                ax2.plot(t_all[keep], drawn, color=color, linewidth=1.2, label=label)
+                shown.append(drawn)
         ax2.axhline(1.0, color="tab:red", linestyle="--", linewidth=1.0,
                     label=f"{precision} max ({max_finite:.3g})" if math.isfinite(max_finite) else "1")
         low = min((float(r.min()) for r in shown), default=1e-3)
         high = max((float(r.max()) for r in shown), default=1.0)
         ax2.set_yscale("log")
-        ax2.set_ylim(max(low / 10, 1e-300), max(high, 1.0) * 10)
+        ax2.set_ylim(low / 10, max(high, 1.0) * 10)
         ax2.legend(loc="upper left", fontsize="x-small", framealpha=0.8)
         ax2.grid(True, which="major", alpha=0.3)
     ax2.set_ylabel(f"magnitude / {precision} max")
@@ -477,13 +490,29 @@ def write_case_figures(failing: Sequence[Mapping[str, Any]], out_dir: str | os.P
         name = case_figure_name(record)
         if name in written:
             continue
-        path = plot_case(record, out / name)
+        path = _drawn(plot_case, record, out / name)
         if path is not None:
             written[name] = path
     return written
 
 
 # ---------------------------------------------------------------------------------------------- all
+class FigureNotDrawn(UserWarning):
+    """A figure failed to draw; the report is written without it (its tables hold every number)."""
+
+
+def _drawn(plot: Callable[..., Path | None], *args: Any) -> Path | None:
+    """``plot(*args)``, or None with a `FigureNotDrawn` warning when drawing raises: a figure is an aid
+    to the tables, and a report that crashes on one loses the measurements of the whole run."""
+    import warnings
+
+    try:
+        return plot(*args)
+    except Exception as exc:  # noqa: BLE001 - any plotting failure: the report goes on without the figure
+        warnings.warn(f"{Path(args[-1]).name} not drawn: {type(exc).__name__}: {exc}", FigureNotDrawn, stacklevel=2)
+        return None
+
+
 def write_plots(records: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike) -> list[Path]:
     """Write every figure that has data into ``out_dir``; return their paths (sorted by name)."""
     out = Path(out_dir)
@@ -491,11 +520,12 @@ def write_plots(records: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike
     written: list[Path] = []
     families = sorted({str(r.get("family")) for r in records if r.get("family") is not None})
     for family in families:
-        p = plot_error_vs_length(records, family, out / f"plot_error_vs_length_{_safe(family)}.png")
+        p = _drawn(plot_error_vs_length, records, family, out / f"plot_error_vs_length_{_safe(family)}.png")
         if p is not None:
             written.append(p)
-    for p in (plot_error_vs_eps(records, out / "plot_error_vs_eps.png"), plot_onset(records, out / "plot_onset.png"),
-              plot_error_vs_log_decay(records, out / "plot_error_vs_log_decay.png")):
+    for p in (_drawn(plot_error_vs_eps, records, out / "plot_error_vs_eps.png"),
+              _drawn(plot_onset, records, out / "plot_onset.png"),
+              _drawn(plot_error_vs_log_decay, records, out / "plot_error_vs_log_decay.png")):
         if p is not None:
             written.append(p)
     return sorted(written, key=lambda p: p.name)

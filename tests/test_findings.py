@@ -174,6 +174,46 @@ def test_case_figures_are_byte_identical_from_the_same_records(planted_run, tmp_
     assert write_report(records, {}, tmp_path / "none", case_figures=0).case_figures == ()
 
 
+@pytest.mark.parametrize("errors", [[1.5e308, 3.0], [5e-324, 2.0], [1.7976931348623157e308, 5e-324, math.inf, math.nan]],
+                         ids=["near-max", "subnormal", "both-and-nonfinite"])
+def test_figures_draw_errors_at_the_ends_of_float64(planted_run, tmp_path, errors):
+    """A kernel's error can be 1e308 (a CI run's wrong loop): matplotlib's log axes fail near float64's
+    limits, so the figures draw such values at the edge of `LOG_AXIS_RANGE` instead of raising."""
+    import warnings
+
+    from harness.plots import plot_case, write_plots
+
+    records, _ = planted_run
+    record = next(r for r in records if r["verdict"] == "divergent" and r["dtype"] == "float32")
+    huge = dict(record, error_by_position=[[t, e] for t, e in enumerate(errors)],
+                cond_max=max(e for e in errors if e == e))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no figure may be dropped here: each must draw
+        assert plot_case(huge, tmp_path / "case.png").read_bytes()[:8] == PNG_SIGNATURE
+        drawn = write_plots([huge, dict(huge, length=2 * huge["length"], cond_max=1.7e308)], tmp_path)
+    assert [p.name for p in drawn] == ["plot_error_vs_length_linear_scan.png", "plot_onset.png"]
+
+
+def test_a_figure_that_fails_to_draw_leaves_the_report(planted_run, tmp_path, monkeypatch):
+    """A plotting failure costs its figure, with a warning naming it, never the report's tables."""
+    import harness.plots
+    from harness.report import write_report
+
+    def broken(*args):
+        raise ValueError("Axis limits cannot be NaN or Inf")
+
+    monkeypatch.setattr(harness.plots, "plot_case", broken)
+    monkeypatch.setattr(harness.plots, "plot_error_vs_length", broken)
+    records, _ = planted_run
+    with pytest.warns(harness.plots.FigureNotDrawn, match="not drawn: ValueError: Axis limits") as caught:
+        paths = write_report(records, {"profile": "test"}, tmp_path)
+    names = {str(w.message).split()[0] for w in caught}
+    assert "plot_error_vs_length_linear_scan.png" in names and any(n.startswith("case_") for n in names)
+    assert paths.case_figures == () and not list(tmp_path.glob("plot_error_vs_length*"))
+    assert "planted.scan_drops_carry_after_block_8" in paths.index.read_text()
+    assert paths.failures_csv.read_text().count("divergent") == 2
+
+
 def test_oracle_state_series_replays_the_case(planted_run):
     from harness.plots import oracle_state_series
 

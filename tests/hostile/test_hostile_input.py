@@ -223,3 +223,25 @@ def test_each_kernel_has_its_own_example_database_key():
     assert database_key(a, None) != database_key(b, None)
     assert database_key(a, None) == database_key(a, None)
     assert database_key(a, None) != database_key(a, "x.py:fn")
+
+
+def test_a_file_kernel_draws_the_same_cases_wherever_its_checkout_lies(tmp_path):
+    """The derandomized (ci) seed of a kernel from a file depends on the file's name, not its directory:
+    a wrong kernel found in one clone is found in the next (CI's clean clone drew different cases from
+    a pytest tmp_path and missed nothing only by luck)."""
+    from harness.api import derandomized_seed
+
+    specs = []
+    for where in ("one", "two/deeper"):
+        path = tmp_path / where / "my_scans.py"
+        path.parent.mkdir(parents=True)
+        path.write_text("def scan(a, b):\n    return b\n")
+        target = f"{path}:scan"
+        specs.append((user_kernel_spec(target, family="linear_scan"), target))
+    (a, ta), (b, tb) = specs
+    assert a.name != b.name and derandomized_seed(a, ta) == derandomized_seed(b, tb)
+    assert database_key(a, ta) == database_key(b, tb)
+    other = tmp_path / "one" / "other.py"
+    other.write_text("def scan(a, b):\n    return b\n")
+    assert database_key(a, ta) != database_key(user_kernel_spec(f"{other}:scan", family="linear_scan"),
+                                               f"{other}:scan")
