@@ -276,11 +276,12 @@ def test_ssd_chunk_restarting_at_each_sequence_is_not_a_false_alarm():
 
 
 @pytest.mark.parametrize("per_key", [False, True], ids=["simple_gla", "gla"])
-def test_a_long_chunk_is_formed_in_blocks_of_query_rows_with_the_same_result(monkeypatch, per_key):
-    """A chunk as long as the sequence (legal: the kernels take any chunk size) forms its scores in blocks
-    of query rows, each against the keys up to its last row, so its memory is bounded (the nightly
-    calibration drew chunk ~ L = 13,809 for gla: one (n, n, K) block was 116 GB, a kernel_error on a
-    correct kernel); the blocked outputs equal the one-block outputs to float64 rounding."""
+def test_a_long_chunk_is_formed_in_tiles_with_the_same_result(monkeypatch, per_key):
+    """A chunk as long as the sequence (legal: the kernels take any chunk size) forms its scores in square
+    tiles, the keys before a tile carried as a running sum, so its memory is one tile (the nightly
+    calibration drew chunk ~ L = 13,809 for gla: one (n, n, K) block was 116 GB; blocks of query rows
+    against all keys before them still grew to 21 GB and 120 s: kernel_errors on a correct kernel); the
+    tiled outputs equal the one-tile outputs to float64 rounding."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 37, 3, 4, dtype=torch.float64, generator=g) for _ in range(3))
     lg = -torch.rand(2, 37, 3, 4 if per_key else 1, dtype=torch.float64, generator=g) * 3
@@ -290,9 +291,30 @@ def test_a_long_chunk_is_formed_in_blocks_of_query_rows_with_the_same_result(mon
     whole, whole_state = fn(q, k, v, lg, chunk_size=37, output_final_state=True)
     calls = []
     real = gf.intra_scores
-    monkeypatch.setattr(gf, "intra_scores", lambda *a, **kw: calls.append(a[0].shape[2]) or real(*a, **kw))
-    monkeypatch.setattr(gf, "INTRA_BLOCK_ELEMENTS", 2 * 3 * 37 * lg.shape[-1] * 5 if per_key else 2 * 3 * 37 * 5)
-    blocked, blocked_state = fn(q, k, v, lg, chunk_size=37, output_final_state=True)
-    assert calls == [5] * 7 + [2]  # 37 query rows in blocks of 5
-    torch.testing.assert_close(blocked, whole, rtol=1e-13, atol=1e-14)
-    assert torch.equal(blocked_state, whole_state)
+    monkeypatch.setattr(gf, "intra_scores",
+                        lambda *a, **kw: calls.append((a[0].shape[2], a[1].shape[2])) or real(*a, **kw))
+    kg = 4 if per_key else 1
+    monkeypatch.setattr(gf, "INTRA_BLOCK_ELEMENTS", 2 * 3 * kg * 5 * 5 + 7)
+    assert gf.intra_tile_rows(2, 3, kg) == 5
+    tiled, tiled_state = fn(q, k, v, lg, chunk_size=37, output_final_state=True)
+    assert calls == [(5, 5)] * 7 + [(2, 2)]  # 37 rows in tiles of 5, each against its own keys only
+    torch.testing.assert_close(tiled, whole, rtol=1e-13, atol=1e-14)
+    assert torch.equal(tiled_state, whole_state)
+
+
+def test_a_chunk_of_the_whole_sequence_stays_within_its_tile(monkeypatch):
+    """The work of a long chunk is linear in its length: 4,096 steps in one chunk, tiles of 64, agree with
+    the recurrent form in float64 and never form more than one tile of scores."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 4096, 2, 8, dtype=torch.float64, generator=g) for _ in range(3))
+    lg = -torch.rand(1, 4096, 2, 8, dtype=torch.float64, generator=g) * 0.05
+    monkeypatch.setattr(gf, "INTRA_BLOCK_ELEMENTS", 2 * 8 * 64 * 64)
+    largest = []
+    real = gf.intra_scores
+    monkeypatch.setattr(gf, "intra_scores",
+                        lambda *a, **kw: largest.append(a[0].shape[2] * a[1].shape[2]) or real(*a, **kw))
+    out, state = gf.gla_chunk(q, k, v, lg, chunk_size=4096, output_final_state=True)
+    ref, ref_state = gf.gla_recurrent(q, k, v, lg, output_final_state=True)
+    assert len(largest) == 64 and max(largest) == 64 * 64
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(state, ref_state, rtol=1e-10, atol=1e-10)

@@ -37,6 +37,7 @@ resets at ``seq_idx`` changes happen inside them, as in the real kernels.
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -157,6 +158,17 @@ def chunk_decays(g_chunk: torch.Tensor) -> torch.Tensor:
 INTRA_BLOCK_ELEMENTS = 2**24
 
 
+#: The side of the tiles of a chunk too long for one block: the work within tiles grows with their
+#: side (n x side x K exps), the Python loop with n / side; 64 is fla's own chunk size.
+TILE_ROWS = 64
+
+
+def intra_tile_rows(batch: int, heads: int, kg: int) -> int:
+    """The largest square (query rows x keys) block `chunk_output` may form at once: its (rows x rows x
+    decay channels) elements fit `INTRA_BLOCK_ELEMENTS` (a chunk of the usual sizes fits whole)."""
+    return max(1, math.isqrt(INTRA_BLOCK_ELEMENTS // max(1, batch * heads * kg)))
+
+
 def intra_scores(qc, kc, Gq, Gk, offset: int = 0):
     """``scores[t, s] = sum_i q_t[i] k_s[i] exp(G_t[i] - G_s[i])`` for s <= t, else 0 (stable form), for
     the query rows ``offset .. offset + len(qc)`` of the chunk against its keys ``0 .. len(kc)``: the
@@ -174,16 +186,36 @@ def intra_scores(qc, kc, Gq, Gk, offset: int = 0):
 
 def chunk_output(qc, kc, vc, G, state):
     """A chunk's outputs, stable form: the within-chunk scores times v plus the decayed carried state.
-    The scores are formed for blocks of query rows (`INTRA_BLOCK_ELEMENTS`), each against the keys up to
-    its last row; a chunk of the usual sizes is one block."""
+
+    A chunk too long for one block (`intra_tile_rows`) is formed in tiles of `TILE_ROWS`, in the chunk's own
+    cumulative decays ``G``: each tile's scores against its own keys (`intra_scores`), plus the keys before
+    it through their running sum ``S = sum_s k_s exp(G_r - G_s) v_s^T`` at the tile's reference step
+    ``r`` (the step before it), read as ``(q_t exp(G_t - G_r)) S``. Every exponent is <= 0 for g <= 0,
+    memory is one tile whatever the chunk size, and the work is linear in it. A chunk of the usual sizes
+    is one tile and computed as before, bit for bit.
+    """
     batch, heads, n, kg = G.shape
-    rows = max(1, INTRA_BLOCK_ELEMENTS // max(1, batch * heads * n * kg))
+    largest = intra_tile_rows(batch, heads, kg)
     inter = (qc * torch.exp(G)) @ state
-    if rows >= n:
+    if largest >= n:
         return intra_scores(qc, kc, G, G) @ vc + inter
-    blocks = [intra_scores(qc[:, :, a:a + rows], kc[:, :, :a + rows], G[:, :, a:a + rows], G[:, :, :a + rows],
-                           offset=a) @ vc[:, :, :a + rows] for a in range(0, n, rows)]
-    return torch.cat(blocks, dim=2) + inter
+    tile = min(largest, TILE_ROWS)
+    outs = []
+    before = None  # sum over the keys before the tile of k_s exp(G_r - G_s) v_s^T, r = the step before it
+    for a in range(0, n, tile):
+        b = min(a + tile, n)
+        q_t, k_t, v_t, G_t = qc[:, :, a:b], kc[:, :, a:b], vc[:, :, a:b], G[:, :, a:b]
+        out = intra_scores(q_t, k_t, G_t, G_t) @ v_t
+        if before is not None:
+            ref = G[:, :, a - 1:a]
+            out = out + (q_t * torch.exp(G_t - ref)) @ before
+            last = G_t[:, :, -1:]
+            before = (torch.exp(last - ref).transpose(-1, -2) * before
+                      + (k_t * torch.exp(last - G_t)).transpose(-1, -2) @ v_t)
+        else:
+            before = (k_t * torch.exp(G_t[:, :, -1:] - G_t)).transpose(-1, -2) @ v_t
+        outs.append(out)
+    return torch.cat(outs, dim=2) + inter
 
 
 def chunk_state(kc, vc, G, state):
