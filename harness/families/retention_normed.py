@@ -6,7 +6,7 @@ import torch
 
 from harness.families.base import limit_scale
 from harness.families.retention import Retention
-from harness.kernels.contract import Family
+from harness.kernels.contract import DTYPE_NAMES, Family
 
 
 class RetentionNormed(Retention):
@@ -15,8 +15,18 @@ class RetentionNormed(Retention):
 
     def data_scale(self, regime, dtype):
         """The norm squares its output, so the factors are scaled to max**(1/6) with room for the sums
-        over time and dv: a larger scale only makes every case out of domain."""
-        return limit_scale(regime, dtype, power=1 / 6, large_div=64.0, tiny_mul=4.0)
+        over time and dv: a larger scale only makes every case out of domain.
+
+        The norm also takes the reciprocal of its mean square, which must stay below max too: the
+        factors of ``large`` are at least ``4 * max**(-1/6)`` (an output of about ``64 / sqrt(max)``).
+        Only float16 is affected (its max**(1/6) / 64 is 0.099, so an output of 1e-3 whose reciprocal
+        mean square is 1e6: every ``large`` case out of domain from its first step); for the other
+        dtypes the floor is far below the scale.
+        """
+        scale = limit_scale(regime, dtype, power=1 / 6, large_div=64.0, tiny_mul=4.0)
+        if regime == "large":
+            scale = max(scale, 4.0 * float(torch.finfo(DTYPE_NAMES[dtype]).max) ** (-1 / 6))
+        return scale
 
     def function_room(self, p):
         """The decay powers 1, the root and the divide 2."""
