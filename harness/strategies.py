@@ -50,12 +50,14 @@ def epsilons() -> st.SearchStrategy[float]:
     return st.one_of(st.just(0.0), st.floats(-12.0, -5.0).map(lambda e: float(f"{10.0 ** e:.3g}")))
 
 
-def chunk_sizes(length: int, allowed: tuple[int, ...]) -> st.SearchStrategy[int]:
-    """Chunk sizes: 1, 2, odd, the length itself, larger than it, and ones that do not divide it."""
+def chunk_sizes(length: int, allowed: tuple[int, ...], largest: int | None = None) -> st.SearchStrategy[int]:
+    """Chunk sizes: 1, 2, odd, the length itself, larger than it, and ones that do not divide it; none
+    above ``largest`` (a kernel whose memory is square in its chunk, `Capabilities.square_scores`)."""
     if allowed:
         return st.sampled_from(sorted(allowed))
-    options = sorted({1, 2, 3, 4, 5, 7, 8, 16, 64, length, length + 1} | {max(1, length // 2)})
-    return st.one_of(st.sampled_from(options), st.integers(1, max(1, length + 2)))
+    top = max(1, length + 2 if largest is None else min(length + 2, largest))
+    options = sorted(c for c in {1, 2, 3, 4, 5, 7, 8, 16, 64, length, length + 1, max(1, length // 2)} if c <= top)
+    return st.one_of(st.sampled_from(options), st.integers(1, top))
 
 
 #: Products of up to this many factors (data, decays, scales) stay normal when every nonzero explicit
@@ -121,6 +123,9 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
     top = max_length or lim.max_length
     if caps.max_length is not None:
         top = min(top, caps.max_length)
+    square = caps.largest_square(lim.max_batch * lim.max_heads)  # bounds the chunk, or else the length
+    if square is not None and not caps.takes_chunk:
+        top = min(top, square)
     if top < caps.min_length:
         raise InvalidArgument(f"max_length={top} is below kernel {spec.name!r}'s min_length={caps.min_length}")
 
@@ -138,7 +143,7 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
     else:
         length = draw(lengths(min_value=caps.min_length, max_value=top, pow2=caps.lengths is Lengths.POW2))
         if caps.takes_chunk:
-            chunk = draw(chunk_sizes(length, caps.chunk_sizes))
+            chunk = draw(chunk_sizes(length, caps.chunk_sizes, largest=square))
     fields: dict = dict(family=fam, length=length, dtype=dtype, device=device, regime=regime, chunk_size=chunk,
                         batch=draw(st.integers(1, lim.max_batch)), seed=draw(st.integers(0, 2**31 - 1)))
     fields.update(families.get(fam).draw_fields(draw, caps, lim, regime, fields))

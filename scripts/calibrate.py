@@ -99,8 +99,9 @@ def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked
 
 
 def _fit(problem, spec):
-    """``problem`` inside a third-party kernel's declared capabilities (selective-scan options it does not
-    take, its length limit, its head dims, grouped B/C), changing only what the kernel cannot take."""
+    """``problem`` inside a kernel's declared capabilities (selective-scan options it does not take, its
+    length limit, its head dims, grouped B/C, the chunk or length a form square in it can hold
+    (`Capabilities.square_scores`)), changing only what the kernel cannot take."""
     caps = spec.capabilities
     changes = {}
     if problem.family.value == "selective_scan":
@@ -115,6 +116,11 @@ def _fit(problem, spec):
     length, chunk = problem.length, problem.chunk_size
     if caps.takes_chunk and caps.chunk_sizes and chunk not in caps.chunk_sizes:
         chunk = min(caps.chunk_sizes, key=lambda c: abs(c - (chunk or 1)))
+    square = caps.largest_square(problem.batch * problem.heads)  # memory square in the chunk, or the length
+    if square is not None and caps.takes_chunk and chunk is not None:
+        chunk = min(chunk, square)
+    elif square is not None:
+        length = min(length, square)
     if caps.lengths is Lengths.CHUNK_MULTIPLE:
         chunk = chunk or (caps.chunk_sizes[0] if caps.chunk_sizes else 64)
         length = max(chunk, length // chunk * chunk)

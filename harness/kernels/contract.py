@@ -110,6 +110,18 @@ def inverse_sqrt_scale(dk: int) -> float:
     return dk**-0.5
 
 
+#: Memory the strategies allow one (n x n) float64 matrix per batch row and head of a kernel that
+#: declares `Capabilities.square_scores`, at the profile's largest batch x heads: such a form holds a
+#: few of them (scores, decay mask, their product), so a case stays within a few GiB.
+SQUARE_SCORES_BYTES = 2**30
+
+
+def square_scores_limit(rows: int) -> int:
+    """The largest n whose (n x n) float64 matrix for ``rows`` (batch rows x heads) fits
+    `SQUARE_SCORES_BYTES`: 3,344 for the nightly profile's 3 x 4, 4,729 for ci's 2 x 3."""
+    return max(1, math.isqrt(SQUARE_SCORES_BYTES // (8 * max(1, rows))))
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a kernel supports; the strategies draw only inside it.
@@ -155,7 +167,19 @@ class Capabilities:
     initial_state: bool = False
     final_state: bool = False
     varlen: bool = False
+    #: The kernel forms an (n x n) matrix per batch row and head, n its chunk size if it takes one, else
+    #: the length (a parallel retention form's ``(q k^T) * D``; a chunkwise form's within-chunk scores).
+    #: Its memory grows with n squared, so the strategies draw n only up to `square_scores_limit` at the
+    #: profile's largest batch x heads (nightly: 3,344; the ci profile's lengths stay below it): beyond,
+    #: a correct kernel is killed for memory (at L = 32,768: 8.6 GB per head in float64), a
+    #: kernel_error that says nothing about its numerics.
+    square_scores: bool = False
     notes: str = ""
+
+    def largest_square(self, rows: int) -> int | None:
+        """The largest n (chunk or length, see `square_scores`) to draw for ``rows`` batch rows x heads;
+        None when the kernel's memory is not square in it."""
+        return square_scores_limit(rows) if self.square_scores else None
 
     @property
     def takes_chunk(self) -> bool:

@@ -356,7 +356,8 @@ _STATEFUL = dict(autograd=True, matmuls=True, initial_state=True, final_state=Tr
 RECURRENT_CAPS = Capabilities(**_STATEFUL)
 CHUNK_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL)
 CUMPROD_WHY = "exp(-cumsum) overflows under strong decay: 0 * inf = NaN where the exact output is small (issue 14)"
-CUMPROD_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL, notes=f"divergent by design: {CUMPROD_WHY}")
+CUMPROD_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL, square_scores=True,  # (chunk x chunk) scores
+                            notes=f"divergent by design: {CUMPROD_WHY}")
 #: In-tree kernels that are divergent by design where a search goes, and why: the suite expects them found,
 #: calibration does not count them among the correct kernels.
 DIVERGENT_BY_DESIGN = {"intree.simple_gla_chunk_cumprod": CUMPROD_WHY, "intree.gla_chunk_cumprod": CUMPROD_WHY}

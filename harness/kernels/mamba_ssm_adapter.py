@@ -361,6 +361,7 @@ KERNELS: list[KernelSpec] = [
             autograd=True,
             unsupported={"float64": "the reference casts dt to float32 (dt.float()) before its cumulative sums"},
             matmuls=True,
+            square_scores=True,  # chunk_scan_ref: (chunk x chunk) scores per head
             notes="mamba-ssm's pure-PyTorch SSD reference (chunk_state_ref, state_passing_ref, chunk_scan_ref); "
                   "takes no initial states, seq_idx or final states; lengths a multiple of the chunk (chunk_scan_ref "
                   "asserts it)",
@@ -381,6 +382,8 @@ KERNELS: list[KernelSpec] = [
             autograd=True,
             selective_options=False,
             matmuls=True,
+            square_scores=True,  # (chunk x chunk) decays per head within chunks
+            max_length=4096,  # and (chunks x chunks) between them: chunk 1 at L = 32,768 is 32k x 32k
             notes="Listing 1 of the Mamba-2 paper (mamba_ssm.modules.ssd_minimal), pure PyTorch in the input dtype; "
                   "takes the discretized X = x dt and A dt (formed by the adapter in the input dtype), B and C per "
                   "head (groups repeated), lengths a multiple of the chunk; no D, z, dt_bias, softplus or seq_idx; "

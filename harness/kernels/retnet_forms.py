@@ -215,7 +215,8 @@ def retention_chunkwise_normed(
 
 
 _CAPS = Capabilities(autograd=True)
-_CHUNKED = Capabilities(autograd=True, chunk_sizes=())
+_PARALLEL = Capabilities(autograd=True, square_scores=True)  # (L x L) scores per batch row and head
+_CHUNKED = Capabilities(autograd=True, chunk_sizes=(), square_scores=True)  # (chunk x chunk) scores
 
 
 def _spec(name: str, family: Family, fn, caps: Capabilities, description: str) -> KernelSpec:
@@ -223,13 +224,13 @@ def _spec(name: str, family: Family, fn, caps: Capabilities, description: str) -
 
 
 KERNELS: list[KernelSpec] = [
-    _spec("intree.retention_parallel", Family.RETENTION, retention_parallel, _CAPS,
+    _spec("intree.retention_parallel", Family.RETENTION, retention_parallel, _PARALLEL,
           "parallel retention ((q k^T) * decay mask) v in the input dtype"),
     _spec("intree.retention_recurrent", Family.RETENTION, retention_recurrent, _CAPS,
           "recurrent retention, a loop over t in the input dtype"),
     _spec("intree.retention_chunkwise", Family.RETENTION, retention_chunkwise, _CHUNKED,
           "chunkwise-recurrent retention, any chunk size, in the input dtype"),
-    _spec("intree.retention_normed_parallel", Family.RETENTION_NORMED, retention_parallel_normed, _CAPS,
+    _spec("intree.retention_normed_parallel", Family.RETENTION_NORMED, retention_parallel_normed, _PARALLEL,
           "parallel retention + RMS group norm in the input dtype"),
     _spec("intree.retention_normed_recurrent", Family.RETENTION_NORMED, retention_recurrent_normed, _CAPS,
           "recurrent retention + RMS group norm in the input dtype"),

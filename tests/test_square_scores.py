@@ -1,0 +1,126 @@
+"""Kernels whose memory is square in the length or the chunk (`Capabilities.square_scores`).
+
+A parallel retention form holds (L x L) scores per batch row and head: 8.6 GB each in float64 at the
+nightly profile's L = 32,768, so `harness check intree.retention_parallel --profile nightly` (and the
+nightly calibration without a hand-set --max-length) had a correct kernel killed for memory, reported
+as a kernel_error. The strategies and the calibration now draw such a kernel's n (its chunk, or else
+its length) within `square_scores_limit`; kernels linear in memory keep the profile's full lengths, and
+the ci profile's draws are unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+
+from harness.kernels import registry
+from harness.kernels.contract import SQUARE_SCORES_BYTES, square_scores_limit
+from harness.problems import Problem
+from harness.settings import LIMITS
+from harness.strategies import problems
+
+ROOT = Path(__file__).resolve().parent.parent
+NIGHTLY = LIMITS["nightly"]
+NIGHTLY_SQUARE = square_scores_limit(NIGHTLY.max_batch * NIGHTLY.max_heads)
+
+#: The kernels that form (n x n) matrices per batch row and head, by reading their code.
+SQUARE = ("intree.retention_parallel", "intree.retention_chunkwise", "intree.retention_normed_parallel",
+          "intree.retention_normed_chunkwise", "intree.gla_chunk_cumprod", "intree.simple_gla_chunk_cumprod",
+          "torchscale.parallel", "torchscale.chunkwise", "yar.parallel", "yar.chunkwise")
+
+
+def test_the_limit_is_the_largest_square_within_the_budget():
+    for rows in (1, 6, 12, 7):
+        n = square_scores_limit(rows)
+        assert 8 * rows * n * n <= SQUARE_SCORES_BYTES < 8 * rows * (n + 1) ** 2
+    assert NIGHTLY_SQUARE == 3344 < NIGHTLY.max_length
+    ci = LIMITS["ci"]  # never binds in the ci profile: its draws are those of before
+    assert square_scores_limit(ci.max_batch * ci.max_heads) >= ci.max_length + 2
+
+
+@pytest.mark.parametrize("name", SQUARE)
+def test_square_forms_declare_it(name):
+    assert registry.get(name).capabilities.square_scores
+
+
+@pytest.mark.parametrize("name", ["intree.retention_recurrent", "intree.sequential_retention", "intree.gla_chunk",
+                                  "torchscale.recurrent", "yar.recurrent"])
+def test_forms_linear_in_memory_do_not(name):
+    assert not registry.get(name).capabilities.square_scores
+
+
+def _nightly_draws(name: str, n: int = 150) -> list[Problem]:
+    spec = registry.get(name)
+    drawn: list[Problem] = []
+
+    @settings(max_examples=n, derandomize=True, database=None, deadline=None)
+    @given(problems(spec, profile="nightly", explicit=False, dtypes=("float64",)))
+    def collect(problem):
+        drawn.append(problem)
+
+    collect()
+    return drawn
+
+
+def test_nightly_draws_a_parallel_form_within_the_limit_and_a_recurrent_one_beyond():
+    parallel = _nightly_draws("intree.retention_parallel")
+    assert max(p.length for p in parallel) <= NIGHTLY_SQUARE
+    assert max(p.length for p in parallel) > NIGHTLY_SQUARE // 2  # the limit is reached, not undercut
+    recurrent = _nightly_draws("intree.retention_recurrent")
+    assert max(p.length for p in recurrent) > NIGHTLY_SQUARE
+
+
+def test_nightly_draws_a_chunkwise_form_at_long_lengths_with_chunks_within_the_limit():
+    drawn = _nightly_draws("intree.retention_chunkwise")
+    assert max(p.chunk_size for p in drawn) <= NIGHTLY_SQUARE
+    assert max(p.length for p in drawn) > NIGHTLY_SQUARE  # the length itself is not limited
+
+
+@pytest.mark.parametrize(("length", "largest"), [(32768, 3344), (100, 3344), (3344, 3344), (5, 1), (7, None)])
+def test_chunk_sizes_stop_at_the_largest(length, largest):
+    from harness.strategies import chunk_sizes
+
+    strategy = chunk_sizes(length, (), largest=largest)
+    drawn: list[int] = []
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None)
+    @given(strategy)
+    def collect(chunk):
+        drawn.append(chunk)
+
+    collect()
+    top = length + 2 if largest is None else min(length + 2, largest)
+    assert min(drawn) >= 1 and max(drawn) == top  # the largest allowed is drawn, nothing above it
+
+
+@pytest.fixture(scope="module")
+def calibrate():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location("calibrate_script_square", ROOT / "scripts" / "calibrate.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return module
+
+
+def test_the_calibration_fits_a_long_problem_to_a_square_form(calibrate):
+    """The nightly calibration's problem at L = 32,768 with a chunk of 13,810: the parallel form gets the
+    longest length its (L x L) scores allow at the problem's batch x heads, the chunkwise form the
+    length with the largest chunk allowed, the recurrent form the problem as drawn."""
+    base = Problem(family="retention", length=32768, dtype="float32", batch=3, heads=4, dk=8, dv=8,
+                   chunk_size=13810, seed=1)
+    limit = square_scores_limit(12)
+    parallel = calibrate._fit(base.replace(chunk_size=None), registry.get("intree.retention_parallel"))
+    assert parallel.length == limit
+    chunkwise = calibrate._fit(base, registry.get("intree.retention_chunkwise"))
+    assert (chunkwise.length, chunkwise.chunk_size) == (32768, limit)
+    recurrent = calibrate._fit(base.replace(chunk_size=None), registry.get("intree.retention_recurrent"))
+    assert recurrent.length == 32768
+    small = base.replace(length=100, chunk_size=33, batch=1, heads=1)  # far below: unchanged
+    assert calibrate._fit(small, registry.get("intree.retention_chunkwise")) == small
