@@ -479,6 +479,9 @@ class Worker:
                 how = f"killed by signal {signal.Signals(-code).name}"
             except ValueError:
                 how = f"killed by signal {-code}"
+            if -code == signal.SIGKILL:  # the one a process cannot catch: its usual sender is the OOM killer
+                how += (" (what the out-of-memory killer sends: the kernel may have asked for more memory than "
+                        "the machine has)")
         else:
             how = f"exited with code {code}"
         tail = self.tail()

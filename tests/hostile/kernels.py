@@ -2,7 +2,7 @@
 
 Each is correct when it returns (the in-tree Blelloch scan), so that the one thing a test sees is the
 misbehaviour. They are run in worker processes (`harness.kernels.isolation`) by the tests in this
-folder; `exits` and `segfaults` would end any process that ran them in-process.
+folder; `exits`, `segfaults` and `killed` would end any process that ran them in-process.
 """
 
 from __future__ import annotations
@@ -31,6 +31,15 @@ def segfaults(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Reads address 0 (SIGSEGV), as an out-of-bounds index in a compiled kernel."""
     print(f"segfaults: reading past the end at length {a.shape[-1]}", flush=True)
     ctypes.string_at(0)
+    raise AssertionError("unreachable")
+
+
+def killed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Sends itself SIGKILL, as Linux's out-of-memory killer does to a process that asked for too much."""
+    import signal
+
+    print(f"killed: allocating for length {a.shape[-1]}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable")
 
 

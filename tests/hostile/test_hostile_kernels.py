@@ -54,7 +54,8 @@ def _between_correct_runs(tmp_path: Path, name: str, options: RunOptions = ISOLA
     return [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("name, says", [("exits", "exited with code 3"), ("segfaults", "killed by signal SIGSEGV")])
+@pytest.mark.parametrize("name, says", [("exits", "exited with code 3"), ("segfaults", "killed by signal SIGSEGV"),
+                                        ("killed", "killed by signal SIGKILL (what the out-of-memory killer sends")])
 def test_a_crash_costs_one_record(tmp_path, name, says):
     stored = _between_correct_runs(tmp_path, name)
     assert [r["outcome"] for r in stored] == ["ok", "crashed", "ok", "crashed", "ok"]
