@@ -58,6 +58,8 @@ class CheckResult:
     counterexample: Path | None = None
     message: str | None = None
     shrink_stopped: bool = False  # the shrink deadline ended shrinking: ``failure`` is the best so far
+    #: Equivalent forward cases too long for their gradients to be taken (`harness.gradients.GRADIENT_MAX_LENGTH`).
+    gradients_skipped: int = 0
 
     @property
     def passed(self) -> bool:
@@ -274,9 +276,14 @@ def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpe
     """``run_case`` followed, when the forward is equivalent and the output differentiable, by the gradient
     records of the case (stored and kept in ``result``); returns the first failing record, else the forward."""
 
+    from harness.gradients import gradients_checked
+
     def run(spec_, problem, options, *, store=None):
         record = run_case(spec_, problem, options, store=store)
         if record["verdict"] != "equivalent" or not (spec.source == "user" or spec.capabilities.autograd):
+            return record
+        if not gradients_checked(problem):
+            result.gradients_skipped += 1
             return record
         taken = [record]
         for grad_record in gradient_case(spec_, problem, options, forward=record):

@@ -251,6 +251,12 @@ def cmd_check(args) -> int:
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (_on_signal)
         return _finish_partial(run_dir, getattr(exc, "reason", "interrupted (SIGINT)"))
     status = _finish_run(run_dir, [r for result in results for r in result.records])
+    skipped = sum(result.gradients_skipped for result in results)
+    if skipped:
+        from harness.gradients import GRADIENT_MAX_LENGTH
+
+        print(f"\ngradients: not taken on {skipped} equivalent case(s) longer than L={GRADIENT_MAX_LENGTH} (the float64 "
+              "autograd oracle keeps every step's state; their forward outputs were checked)")
     for result in results:
         if result.message:
             print("\n" + result.message)

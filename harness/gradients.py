@@ -123,6 +123,20 @@ def _kernel_vjp(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tens
 #: Elementary operations behind one term of a gradient (products of up to four factors, exp, softplus,
 #: silu, the norm's rsqrt and their derivatives), each rounded once.
 GRAD_OPS = 8
+#: The longest case whose gradients `harness.check` takes. The float64 autograd oracle
+#: (`reference_impls.autograd`) keeps every step's state for its backward: about 1 GB per 1,024 steps at
+#: 3 batch rows x 4 heads of 64 x 64 (retention and the gated families) and 10 s for the three gradients
+#: at L = 1,024 (measured), so the nightly profile's L = 32,768 would ask for ~30 GB and minutes per
+#: case and end the check for memory. Longer cases are checked forward only, and `check` counts them
+#: (`CheckResult.gradients_skipped`). Every length of the ci profile (<= 2,048) is checked.
+GRADIENT_MAX_LENGTH = 2048
+
+
+def gradients_checked(problem: Problem) -> bool:
+    """Whether `harness.check` takes the gradients of ``problem`` (`GRADIENT_MAX_LENGTH`)."""
+    return problem.length <= GRADIENT_MAX_LENGTH
+
+
 #: Gradients have no a-priori conditioning companion; the normwise bound is widened by this factor.
 #: Set from data: 30 derandomized cases per correct kernel and dtype (every autograd kernel available
 #: here, L <= 128) gave, with a factor of 1, cond errors up to 5.4 (torchscale.chunkwise, float32) and

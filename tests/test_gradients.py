@@ -148,3 +148,21 @@ def test_a_small_input_beside_a_large_one_keeps_its_own_scale():
     assert all(r["verdict"] == "equivalent" for r in records), [r["why"] for r in records]
     scale = natural_scale(1.0, 3.0, torch.tensor([1.0, 0.0, 3e9], dtype=torch.float64))
     assert scale.tolist() == pytest.approx([3.0, 3.0, 1e-9], rel=1e-12)  # per element; an exact 0: smallest nonzero |x|
+
+
+def test_check_takes_gradients_up_to_the_length_limit_and_counts_the_rest(monkeypatch):
+    """Past `GRADIENT_MAX_LENGTH` the float64 autograd oracle would hold every step's state (~30 GB at the
+    nightly profile's L = 32,768 with 4 heads of 64 x 64, and end the check for memory): those cases are
+    checked forward only, and counted; the shorter ones keep their gradients."""
+    import harness.gradients
+    from harness.api import check
+
+    monkeypatch.setattr(harness.gradients, "GRADIENT_MAX_LENGTH", 16)
+    result = check(get("intree.blelloch_scan"), profile="ci", dtypes=("float64",), max_length=64, max_examples=12,
+                   save_counterexample=False)
+    assert result.passed, result.message
+    forward = [r for r in result.records if r.get("mode") != "grad"]
+    grads = [r for r in result.records if r.get("mode") == "grad"]
+    long_ = [r for r in forward if r["length"] > 16 and r["verdict"] == "equivalent"]
+    assert long_ and result.gradients_skipped == len(long_)
+    assert grads and all(r["length"] <= 16 for r in grads)
