@@ -21,6 +21,11 @@ class InvalidArgument(HarnessError, ValueError):
     """
 
 
+class ProblemTooLarge(InvalidArgument):
+    """A problem whose inputs exceed `harness.problems.MAX_PROBLEM_ELEMENTS` (a search skips such a
+    draw, a case file or a sweep naming one is refused)."""
+
+
 class KernelUnavailable(HarnessError):
     """An adapter cannot run on this machine; ``reason`` says why (shown by ``harness list``)."""
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from harness import families
-from harness.errors import InvalidArgument
+from harness.errors import InvalidArgument, ProblemTooLarge
 from harness.families.base import randn, uniform
 from harness.kernels.contract import DTYPE_NAMES, Family, dtype_name
 
@@ -55,6 +55,15 @@ LATER_FIELDS: dict[str, Any] = {"has_initial_state": False, "final_state": False
 
 #: Largest number of elements a problem may carry as explicit ``values`` (hypothesis-drawn cases).
 MAX_EXPLICIT_ELEMENTS = 4096
+
+#: Largest number of input elements (all inputs together) of a problem: 2 GiB in float64, about three
+#: times the nightly profile's largest (gla at L = 32,768, 3 x 4 heads of 64). A case file or a sweep
+#: asking for more (L = 10**9) is refused with the sizes, not left to fail inside an allocation.
+MAX_PROBLEM_ELEMENTS = 2**28
+
+#: Seeds are drawn below 2**31; any one up to 2**63 - 1 is accepted (the generators take 64 bits, and
+#: the gradients' cotangent adds to the seed).
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -116,8 +125,14 @@ class Problem:
         self.definition.validate(self)
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise InvalidArgument(f"device={self.device!r} must be 'cpu' or 'cuda[:n]'")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise InvalidArgument(f"seed={self.seed!r} must be a non-negative integer")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise InvalidArgument(f"seed={self.seed!r} must be an integer from 0 to 2**63 - 1")
+        shapes = self.shapes()
+        if sum(math.prod(shape) for shape in shapes.values()) > MAX_PROBLEM_ELEMENTS:
+            sizes = ", ".join(f"{name} {tuple(shape)}" for name, shape in shapes.items())
+            raise ProblemTooLarge(
+                f"the problem is too large: its inputs ({sizes}) hold {self.n_elements():,} elements, more than "
+                f"MAX_PROBLEM_ELEMENTS = {MAX_PROBLEM_ELEMENTS:,} (length={self.length}, batch={self.batch})")
 
     # ----------------------------------------------------------------------------------- identity
     def to_dict(self) -> dict[str, Any]:

@@ -100,7 +100,16 @@ def _record(tmp_path: Path) -> dict:
     (json.dumps([1, 2]).encode(), "holds a JSON list"),
     (b"{not json", "cannot be read as JSON"),
     (json.dumps({"kernel": 3, "problem": {"family": "linear_scan", "length": 5}}).encode(), "kernel=3 is not a string"),
-], ids=["not-utf8", "groups-x", "problem-string", "list", "not-json", "kernel-not-string"])
+    (json.dumps({"kernel": "intree.blelloch_scan", "problem": {"family": "linear_scan", "length": 10**9}}).encode(),
+     "the problem is too large: its inputs (a (1, 4, 1000000000), b (1, 4, 1000000000)) hold 8,000,000,000"),
+    (json.dumps({"kernel": "intree.blelloch_scan", "problem": {"family": "linear_scan", "length": 16,
+                                                              "batch": 10**8, "dim": 10**4}}).encode(),
+     "more than MAX_PROBLEM_ELEMENTS"),
+    (json.dumps({"kernel": "intree.blelloch_scan", "problem": {"family": "linear_scan", "length": 5,
+                                                              "seed": 2**80}}).encode(),
+     "seed=1208925819614629174706176 must be an integer from 0 to 2**63 - 1"),
+], ids=["not-utf8", "groups-x", "problem-string", "list", "not-json", "kernel-not-string", "length-1e9",
+        "batch-1e8", "seed-2-80"])
 def test_a_malformed_case_file_is_a_usage_error(tmp_path, capsys, content, says):
     path = tmp_path / "case.json"
     path.write_bytes(content)
@@ -245,3 +254,27 @@ def test_a_file_kernel_draws_the_same_cases_wherever_its_checkout_lies(tmp_path)
     other.write_text("def scan(a, b):\n    return b\n")
     assert database_key(a, ta) != database_key(user_kernel_spec(f"{other}:scan", family="linear_scan"),
                                                f"{other}:scan")
+
+
+def test_a_search_skips_draws_too_large_to_hold(monkeypatch):
+    """Under a max_length far beyond the profiles' (`harness check --max-length 1000000000`), a draw whose
+    inputs exceed `MAX_PROBLEM_ELEMENTS` is skipped, not an error in the middle of the search."""
+    from hypothesis import HealthCheck, given, settings
+
+    import harness.problems
+    from harness.kernels.registry import get
+    from harness.strategies import problems
+
+    monkeypatch.setattr(harness.problems, "MAX_PROBLEM_ELEMENTS", 2000)
+    sizes = []
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None,
+              suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+    @given(problems(get("intree.blelloch_scan"), max_length=4096, profile="ci", explicit=False))
+    def search(problem):
+        sizes.append(problem.n_elements())
+
+    search()
+    assert len(sizes) == 100 and max(sizes) <= 2000
+    with pytest.raises(harness.problems.ProblemTooLarge, match="MAX_PROBLEM_ELEMENTS = 2,000"):
+        Problem(family="linear_scan", length=4096, batch=1, dim=4)
