@@ -66,6 +66,23 @@ MAX_PROBLEM_ELEMENTS = 2**28
 MAX_SEED = 2**63 - 1
 
 
+def _whole(value: Any) -> bool:
+    """An int that is not a bool (JSON's ``true`` would otherwise pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_values(values: Any) -> None:
+    """Explicit ``values``: a mapping of input names to flat lists of real numbers (a case file's)."""
+    if not isinstance(values, dict):
+        raise InvalidArgument(f"values={values!r} must map input names to lists of numbers")
+    for name, flat in values.items():
+        if isinstance(flat, (str, bytes)) or not hasattr(flat, "__len__"):
+            raise InvalidArgument(f"values[{name!r}]={flat!r} must be a list of numbers")
+        bad = next((v for v in flat if isinstance(v, bool) or not isinstance(v, (int, float))), None)
+        if bad is not None:
+            raise InvalidArgument(f"values[{name!r}] holds {bad!r}; expected real numbers only")
+
+
 @dataclass(frozen=True)
 class Problem:
     """One case's inputs, described as data.
@@ -107,15 +124,19 @@ class Problem:
     def __post_init__(self) -> None:
         object.__setattr__(self, "family", Family.parse(self.family))
         if self.cu_seqlens is not None:
+            if isinstance(self.cu_seqlens, (str, bytes)) or not all(_whole(c) for c in self.cu_seqlens):
+                raise InvalidArgument(f"cu_seqlens={self.cu_seqlens!r} must be a list of integers")
             object.__setattr__(self, "cu_seqlens", tuple(int(c) for c in self.cu_seqlens))
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         positive = {"length": self.length, "batch": self.batch, "dim": self.dim, "state": self.state,
                     "heads": self.heads, "dk": self.dk, "dv": self.dv}
         for name, value in positive.items():
-            if not isinstance(value, int) or value < 1:
+            if not _whole(value) or value < 1:
                 raise InvalidArgument(f"{name}={value!r} must be a positive integer")
-        if self.chunk_size is not None and (not isinstance(self.chunk_size, int) or self.chunk_size < 1):
+        if self.chunk_size is not None and (not _whole(self.chunk_size) or self.chunk_size < 1):
             raise InvalidArgument(f"chunk_size={self.chunk_size!r} must be a positive integer or None")
+        if self.values is not None:
+            _check_values(self.values)
         regimes = self.definition.regimes
         if self.regime not in regimes:
             raise InvalidArgument(
@@ -193,6 +214,9 @@ class Problem:
     # ------------------------------------------------------------------------------------- inputs
     def make_inputs(self) -> dict[str, torch.Tensor]:
         """The kernel's inputs: float64 values rounded once to ``dtype``, on ``device``."""
+        if self.device != "cpu" and not torch.cuda.is_available():
+            raise InvalidArgument(f"device={self.device!r} but this machine has no CUDA device "
+                                  "(torch.cuda.is_available() is False); run the case where it was found, or on 'cpu'")
         return {name: t.to(self.torch_dtype).to(self.device) for name, t in self.float64_inputs().items()}
 
     def float64_inputs(self) -> dict[str, torch.Tensor]:

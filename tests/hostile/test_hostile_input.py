@@ -108,8 +108,16 @@ def _record(tmp_path: Path) -> dict:
     (json.dumps({"kernel": "intree.blelloch_scan", "problem": {"family": "linear_scan", "length": 5,
                                                               "seed": 2**80}}).encode(),
      "seed=1208925819614629174706176 must be an integer from 0 to 2**63 - 1"),
+    (json.dumps({"kernel": "intree.blelloch_scan", "problem": {"family": "linear_scan", "length": True}}).encode(),
+     "length=True must be a positive integer"),
+    (json.dumps({"kernel": "intree.blelloch_scan", "problem": {"family": "linear_scan", "length": 1, "batch": 1,
+                                                              "dim": 1, "values": {"a": ["x"], "b": [1.0]}}}).encode(),
+     "values['a'] holds 'x'; expected real numbers only"),
+    (json.dumps({"kernel": "intree.gla_chunk", "problem": {"family": "gla", "length": 16, "chunk_size": 4,
+                                                          "cu_seqlens": [0, "8", 16]}}).encode(),
+     "cu_seqlens=[0, '8', 16] must be a list of integers"),
 ], ids=["not-utf8", "groups-x", "problem-string", "list", "not-json", "kernel-not-string", "length-1e9",
-        "batch-1e8", "seed-2-80"])
+        "batch-1e8", "seed-2-80", "length-true", "values-string", "cu_seqlens-string"])
 def test_a_malformed_case_file_is_a_usage_error(tmp_path, capsys, content, says):
     path = tmp_path / "case.json"
     path.write_bytes(content)
@@ -278,3 +286,12 @@ def test_a_search_skips_draws_too_large_to_hold(monkeypatch):
     assert len(sizes) == 100 and max(sizes) <= 2000
     with pytest.raises(harness.problems.ProblemTooLarge, match="MAX_PROBLEM_ELEMENTS = 2,000"):
         Problem(family="linear_scan", length=4096, batch=1, dim=4)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
+def test_a_cuda_case_on_a_machine_without_cuda_is_a_usage_error(tmp_path, capsys):
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps({"kernel": "intree.blelloch_scan",
+                                "problem": {"family": "linear_scan", "length": 16, "device": "cuda"}}))
+    code, _, err = run_cli(capsys, "replay", str(path))
+    assert code == 2 and "device='cuda' but this machine has no CUDA device" in err, err
