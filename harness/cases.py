@@ -328,7 +328,8 @@ def _group(data: dict[str, Any], where: str) -> SweepGroup:
 
     try:
         family = registry.get(kernels[0]).family
-        next(group.problems(family), None)  # names and field types, checked once before any kernel runs
+        for _ in group.problems(family):  # every problem of the grid, before any kernel runs: a bad value
+            pass  # found after hours of a sweep would lose the run (L = 10**9 as the last length did)
     except InvalidArgument as exc:
         raise InvalidArgument(f"sweep {where}: {exc}") from None
     except (TypeError, ValueError) as exc:

@@ -151,7 +151,10 @@ def test_a_records_line_that_is_json_but_not_an_object_is_named(tmp_path, capsys
     ('kernels = ["intree.blelloch_scan"]\n[grid]\nlength = ["long"]\n', "length='long'"),
     ('kernels = ["intree.blelloch_scan"]\n[grid]\nlength = []\n', "empty"),
     ('[[group]]\nkernels = ["intree.no_such"]\n[group.grid]\nlength = [4]\n', "intree.no_such"),
-], ids=["syntax", "unknown-top-key", "unknown-grid-key", "wrong-type", "empty-axis", "unknown-kernel"])
+    ('kernels = ["intree.blelloch_scan"]\n[grid]\nlength = [4, 8, "long"]\n', "length='long'"),
+    ('kernels = ["intree.blelloch_scan"]\n[grid]\nlength = [16, 1000000000]\n', "the problem is too large"),
+], ids=["syntax", "unknown-top-key", "unknown-grid-key", "wrong-type", "empty-axis", "unknown-kernel",
+        "wrong-type-last", "too-large-last"])
 def test_a_malformed_sweep_file_is_a_usage_error(tmp_path, capsys, text, says):
     path = tmp_path / "mine.toml"
     path.write_text(text)
