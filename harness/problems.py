@@ -51,7 +51,7 @@ REGIMES: dict[Family, tuple[str, ...]] = {Family.parse(name): families.get(name)
 #: Problem fields added after records existed, with their defaults: `Problem.to_dict` leaves them out
 #: at these values, so that a problem that does not use them keeps its key.
 LATER_FIELDS: dict[str, Any] = {"has_initial_state": False, "final_state": False, "cu_seqlens": None,
-                                "decay_floor": None}
+                                "decay_floor": None, "range_dtype": None}
 
 #: Largest number of elements a problem may carry as explicit ``values`` (hypothesis-drawn cases).
 MAX_EXPLICIT_ELEMENTS = 4096
@@ -119,6 +119,11 @@ class Problem:
     final_state: bool = False
     cu_seqlens: tuple[int, ...] | None = None
     decay_floor: float | None = None
+    #: The dtype whose range the ``large`` and ``tiny`` regimes scale to, when not ``dtype``: a kernel that
+    #: declares it computes in a narrower dtype (torchscale: float64 inputs in float32) is drawn those
+    #: regimes at that dtype's scale, where its cases can be judged (at float64's they overflow float32
+    #: from t=0, out of domain).
+    range_dtype: str | None = None
     values: dict[str, list[float]] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -128,6 +133,8 @@ class Problem:
                 raise InvalidArgument(f"cu_seqlens={self.cu_seqlens!r} must be a list of integers")
             object.__setattr__(self, "cu_seqlens", tuple(int(c) for c in self.cu_seqlens))
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        if self.range_dtype is not None:
+            object.__setattr__(self, "range_dtype", dtype_name(self.range_dtype))
         positive = {"length": self.length, "batch": self.batch, "dim": self.dim, "state": self.state,
                     "heads": self.heads, "dk": self.dk, "dv": self.dv}
         for name, value in positive.items():
@@ -189,6 +196,11 @@ class Problem:
         """A short stable hash of the problem (its values included)."""
         blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
         return hashlib.sha1(blob).hexdigest()[:12]
+
+    @property
+    def scale_dtype(self) -> str:
+        """The dtype the regimes' data scale follows: `range_dtype` when given, else ``dtype``."""
+        return self.range_dtype or self.dtype
 
     @property
     def torch_dtype(self) -> torch.dtype:

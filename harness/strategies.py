@@ -146,7 +146,8 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
         if caps.takes_chunk:
             chunk = draw(chunk_sizes(length, caps.chunk_sizes, largest=square))
     fields: dict = dict(family=fam, length=length, dtype=dtype, device=device, regime=regime, chunk_size=chunk,
-                        batch=draw(st.integers(1, lim.max_batch)), seed=draw(st.integers(0, 2**31 - 1)))
+                        batch=draw(st.integers(1, lim.max_batch)), seed=draw(st.integers(0, 2**31 - 1)),
+                        range_dtype=caps.range_dtype(dtype))
     fields.update(families.get(fam).draw_fields(draw, caps, lim, regime, fields))
     try:
         problem = Problem(**fields)

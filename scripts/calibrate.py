@@ -101,7 +101,8 @@ def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked
 def _fit(problem, spec):
     """``problem`` inside a kernel's declared capabilities (selective-scan options it does not take, its
     length limit, its head dims, grouped B/C, the chunk or length a form square in it can hold
-    (`Capabilities.square_scores`)), changing only what the kernel cannot take."""
+    (`Capabilities.square_scores`), the range its large/tiny regimes scale to (`Capabilities.range_dtype`)),
+    changing only what the kernel cannot take."""
     caps = spec.capabilities
     changes = {}
     if problem.family.value == "selective_scan":
@@ -116,6 +117,8 @@ def _fit(problem, spec):
     length, chunk = problem.length, problem.chunk_size
     if caps.takes_chunk and caps.chunk_sizes and chunk not in caps.chunk_sizes:
         chunk = min(caps.chunk_sizes, key=lambda c: abs(c - (chunk or 1)))
+    if caps.range_dtype(problem.dtype) != problem.range_dtype:  # large/tiny at the kernel's declared range
+        changes["range_dtype"] = caps.range_dtype(problem.dtype)
     square = caps.largest_square(problem.batch * problem.heads)  # memory square in the chunk, or the length
     if square is not None and caps.takes_chunk and chunk is not None:
         chunk = min(chunk, square)

@@ -162,7 +162,7 @@ class FamilyDef:
     # ----------------------------------------------------------------------------- strategies
     def element_bounds(self, p: "Problem", name: str) -> tuple[float, float]:
         """The range of hypothesis-drawn element values of input ``name`` in ``p``'s regime."""
-        s = self.data_scale(p.regime, p.dtype)
+        s = self.data_scale(p.regime, p.scale_dtype)
         return (-2.0 * s, 2.0 * s)
 
     def draw_fields(self, draw: Callable, caps: Capabilities, lim: Any, regime: str, common: dict[str, Any],

@@ -32,7 +32,7 @@ class LinearScan(FamilyDef):
             a = z
         else:
             a = torch.exp(-torch.nn.functional.softplus(z - 2.0))
-        b = randn(shape, gen) * self.data_scale(p.regime, p.dtype)
+        b = randn(shape, gen) * self.data_scale(p.regime, p.scale_dtype)
         return {"a": a, "b": b}
 
     def trace(self, p, x, convention):

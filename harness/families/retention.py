@@ -34,7 +34,7 @@ class Retention(FamilyDef):
                 x = torch.arange(1, math.prod(shape) + 1, dtype=torch.float64)
                 out[name] = (x / float(x.max())).reshape(shape)
             return out
-        s = self.data_scale(p.regime, p.dtype)
+        s = self.data_scale(p.regime, p.scale_dtype)
         return {name: randn(shape, gen) * s for name, shape in shapes.items()}
 
     def function_room(self, p):

@@ -36,7 +36,7 @@ class SelectiveScan(FamilyDef):
 
     def generate(self, p, shapes, gen):
         b, d, n, L = p.batch, p.dim, p.state, p.length
-        s = self.data_scale(p.regime, p.dtype)
+        s = self.data_scale(p.regime, p.scale_dtype)
         if p.regime == "unstable":
             delta = randn((b, d, L), gen)
             A = randn((d, n), gen)
@@ -108,7 +108,7 @@ class SelectiveScan(FamilyDef):
         if name == "A":
             return (-2.0, 2.0) if unstable else (-4.0, 0.0)
         if name == "D":
-            s = self.data_scale(p.regime, p.dtype)
+            s = self.data_scale(p.regime, p.scale_dtype)
             return (-2.0 * s * s, 2.0 * s * s)
         if name == "delta_bias" and not unstable and not softplus:
             return (0.0, 1.0)  # delta + bias >= 0: every decay at or below 1 (`harness.problems`)

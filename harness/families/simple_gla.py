@@ -135,7 +135,7 @@ class SimpleGLA(StatefulFamily):
         return (self.n_sequences(p), p.heads, p.dk, p.dv)
 
     def generate(self, p, shapes, gen):
-        s = self.data_scale(p.regime, p.dtype)
+        s = self.data_scale(p.regime, p.scale_dtype)
         out = {name: randn(shapes[name], gen) * s for name in ("q", "k", "v")}
         gs = shapes["g"]
         if p.regime == "long_memory":
@@ -197,7 +197,7 @@ class SimpleGLA(StatefulFamily):
         if name == "g":
             return (decay_floor(p), 0.0) if p.regime == "uniform_decay" else G_BOUNDS.get(p.regime, (-1.0, 0.0))
         if name == "initial_state":
-            s = self.data_scale(p.regime, p.dtype)
+            s = self.data_scale(p.regime, p.scale_dtype)
             return (-2.0 * s * s, 2.0 * s * s)
         return super().element_bounds(p, name)
 

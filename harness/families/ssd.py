@@ -81,7 +81,7 @@ class SSD(StatefulFamily):
 
     def generate(self, p, shapes, gen):
         b, L, H = p.batch, p.length, p.heads
-        s = self.data_scale(p.regime, p.dtype)
+        s = self.data_scale(p.regime, p.scale_dtype)
         if p.regime == "long_memory":
             step, A = 10.0 ** uniform((H,), gen, -4.0, -3.0), -uniform((H,), gen, 0.01, 1.0)
         elif p.regime == "strong_decay":
@@ -163,7 +163,7 @@ class SSD(StatefulFamily):
                       cu_seqlens=None if p.cu_seqlens is None else list(p.cu_seqlens))
 
     def element_bounds(self, p, name):
-        s = self.data_scale(p.regime, p.dtype)
+        s = self.data_scale(p.regime, p.scale_dtype)
         if name == "dt":
             if p.regime == "large_dt":
                 return (20.0, 60.0)

@@ -189,6 +189,15 @@ class Capabilities:
         """The dtype whose rounding the verdict expects for inputs of ``dtype``."""
         return self.computes_in.get(dtype, dtype)
 
+    def range_dtype(self, dtype: str) -> str | None:
+        """The storage dtype the kernel computes inputs of ``dtype`` in, when its range differs from
+        ``dtype``'s (torchscale: float64 in float32); None otherwise (TF32 is float32's range). A problem
+        for the kernel scales its ``large``/``tiny`` regimes to it (`harness.problems.Problem.range_dtype`)."""
+        from harness import dtypes
+
+        storage = dtypes.dtype_key(dtypes.torch_dtype(self.precision(dtype)))
+        return None if storage == dtypes.dtype_key(dtype) else storage
+
     def runs(self, dtype: str, device: str) -> str | None:
         """None if (dtype, device) is in range, else the reason it is not."""
         for key in (f"{dtype}@{device}", dtype, device):
