@@ -136,7 +136,10 @@ KERNELS: list[KernelSpec] = [
         name="yar.parallel",
         family=Family.RETENTION,
         load=_load_parallel,
-        capabilities=Capabilities(autograd=True, square_scores=True, notes="one parallel call; " + _NOTES),
+        capabilities=Capabilities(autograd=True, square_scores=True,
+                                  notes="one parallel call; its decay mask takes gamma ** |i - j| over positions "
+                                        "torch.arange(L, dtype=input dtype), whole numbers exact in float16 only to "
+                                        "2048 (bfloat16: 256); " + _NOTES),
         convention=YAR_CONVENTION,
         description="yet_another_retnet.retention.retention_parallel",
         source=PACKAGE,
