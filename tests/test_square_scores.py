@@ -10,10 +10,6 @@ the ci profile's draws are unchanged.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 
@@ -22,8 +18,8 @@ from harness.kernels.contract import SQUARE_SCORES_BYTES, square_scores_limit
 from harness.problems import Problem
 from harness.settings import LIMITS
 from harness.strategies import problems
+from tests.test_calibrate import calibrate  # noqa: F401 - the script, loaded once (a fixture)
 
-ROOT = Path(__file__).resolve().parent.parent
 NIGHTLY = LIMITS["nightly"]
 NIGHTLY_SQUARE = square_scores_limit(NIGHTLY.max_batch * NIGHTLY.max_heads)
 
@@ -95,18 +91,6 @@ def test_chunk_sizes_stop_at_the_largest(length, largest):
     collect()
     top = length + 2 if largest is None else min(length + 2, largest)
     assert min(drawn) >= 1 and max(drawn) == top  # the largest allowed is drawn, nothing above it
-
-
-@pytest.fixture(scope="module")
-def calibrate():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        spec = importlib.util.spec_from_file_location("calibrate_script_square", ROOT / "scripts" / "calibrate.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    return module
 
 
 def test_the_calibration_fits_a_long_problem_to_a_square_form(calibrate):
