@@ -117,8 +117,9 @@ def _fit(problem, spec):
     length, chunk = problem.length, problem.chunk_size
     if caps.takes_chunk and caps.chunk_sizes and chunk not in caps.chunk_sizes:
         chunk = min(caps.chunk_sizes, key=lambda c: abs(c - (chunk or 1)))
-    if caps.range_dtype(problem.dtype) != problem.range_dtype:  # large/tiny at the kernel's declared range
-        changes["range_dtype"] = caps.range_dtype(problem.dtype)
+    range_dtype = caps.range_dtype(problem.dtype)  # large/tiny at the kernel's declared range
+    if range_dtype != problem.range_dtype:
+        changes["range_dtype"] = range_dtype
     square = caps.largest_square(problem.batch * problem.heads)  # memory square in the chunk, or the length
     if square is not None and caps.takes_chunk and chunk is not None:
         chunk = min(chunk, square)

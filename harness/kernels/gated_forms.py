@@ -187,12 +187,12 @@ def intra_scores(qc, kc, Gq, Gk, offset: int = 0):
 def chunk_output(qc, kc, vc, G, state):
     """A chunk's outputs, stable form: the within-chunk scores times v plus the decayed carried state.
 
-    A chunk too long for one block (`intra_tile_rows`) is formed in tiles of `TILE_ROWS`, in the chunk's own
-    cumulative decays ``G``: each tile's scores against its own keys (`intra_scores`), plus the keys before
-    it through their running sum ``S = sum_s k_s exp(G_r - G_s) v_s^T`` at the tile's reference step
-    ``r`` (the step before it), read as ``(q_t exp(G_t - G_r)) S``. Every exponent is <= 0 for g <= 0,
-    memory is one tile whatever the chunk size, and the work is linear in it. A chunk of the usual sizes
-    is one tile and computed as before, bit for bit.
+    A chunk too long for one block (`intra_tile_rows`) is the chunk form again, over tiles of
+    `TILE_ROWS` within it: each tile's scores against its own keys (`intra_scores`, in the chunk's
+    cumulative decays ``G``), plus the keys before it through their running state (`chunk_state` in the
+    decays relative to ``G_r``, the step before the tile), read as ``(q_t exp(G_t - G_r)) S``. Every
+    exponent is <= 0 for g <= 0, memory is one tile whatever the chunk size, and the work is linear in
+    it. A chunk of the usual sizes is one block and computed as before, bit for bit.
     """
     batch, heads, n, kg = G.shape
     largest = intra_tile_rows(batch, heads, kg)
@@ -201,20 +201,11 @@ def chunk_output(qc, kc, vc, G, state):
         return intra_scores(qc, kc, G, G) @ vc + inter
     tile = min(largest, TILE_ROWS)
     outs = []
-    before = None  # sum over the keys before the tile of k_s exp(G_r - G_s) v_s^T, r = the step before it
+    before, ref = torch.zeros_like(state), torch.zeros_like(G[:, :, :1])  # nothing before the first tile
     for a in range(0, n, tile):
-        b = min(a + tile, n)
-        q_t, k_t, v_t, G_t = qc[:, :, a:b], kc[:, :, a:b], vc[:, :, a:b], G[:, :, a:b]
-        out = intra_scores(q_t, k_t, G_t, G_t) @ v_t
-        if before is not None:
-            ref = G[:, :, a - 1:a]
-            out = out + (q_t * torch.exp(G_t - ref)) @ before
-            last = G_t[:, :, -1:]
-            before = (torch.exp(last - ref).transpose(-1, -2) * before
-                      + (k_t * torch.exp(last - G_t)).transpose(-1, -2) @ v_t)
-        else:
-            before = (k_t * torch.exp(G_t[:, :, -1:] - G_t)).transpose(-1, -2) @ v_t
-        outs.append(out)
+        q_t, k_t, v_t, G_t = (x[:, :, a:a + tile] for x in (qc, kc, vc, G))
+        outs.append(intra_scores(q_t, k_t, G_t, G_t) @ v_t + (q_t * torch.exp(G_t - ref)) @ before)
+        before, ref = chunk_state(k_t, v_t, G_t - ref, before), G_t[:, :, -1:]
     return torch.cat(outs, dim=2) + inter
 
 
