@@ -216,6 +216,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
         judgement = judge(record, options.policy)
         if judgement.verdict.value != record["verdict"]:  # a second target (the final state) judged the case
             judgement = Judgement(Verdict(record["verdict"]), record["why"], "final_state")
+        elif record.get("why"):  # the run's why: it carries the counterfactuals (eps, float64, future leak)
+            judgement = Judgement(judgement.verdict, record["why"], judgement.rule)
         return DivergenceError(format_failure(record, judgement, replay=replay))
 
     @settings(settings.get_profile(profile), max_examples=examples)

@@ -115,6 +115,8 @@ class RunOptions:
     eps_counterfactual: bool = True  # re-run a divergent normed case at eps = 0 to name an eps effect
     # re-run a divergent low-precision case on the same (rounded) inputs in float64 to name precision loss
     precision_counterfactual: bool = True
+    # re-run a divergent case with the later inputs changed to tell a future leak (`_future_leak`)
+    future_leak_probe: bool = True
     isolation: str = field(default_factory=isolation.default_isolation)
     oracle_cache: Any = None  # a harness.oracle_cache.OracleCache shared by the run's cases, or None
 
@@ -167,14 +169,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     record["explicit_values"] = problem.values is not None
     record["replay"] = replay_command(spec, problem)
 
-    fn = kernel_fn if kernel_fn is not None else spec.callable()
     worker, record["isolation"] = options.worker_for(spec, kernel_fn)
-    args, kwargs = call_args(problem, inputs, spec)
-    with tf32_mode(problem.tf32), torch.no_grad():
-        result = call_guarded(fn, args, kwargs, expected_shape=output_shape(problem),
-                              expected_dtype=problem.torch_dtype, expected_device=inputs[next(iter(inputs))].device,
-                              timeout_s=options.timeout_s, check_determinism=options.check_determinism,
-                              worker=worker)
+    result = _call_kernel(spec, problem, inputs, options, kernel_fn, worker, options.check_determinism)
     timings["t_kernel"] = result.seconds
     if keep_output is not None and result.output is not None:
         keep_output["output"] = result.output.detach().to("cpu", torch.float64)
@@ -223,7 +219,7 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
         t0 = time.perf_counter()
         zero = run_case(spec, problem.replace(eps=0.0),
                         RunOptions(options.policy, options.timeout_s, check_determinism=False,
-                                   eps_counterfactual=False, precision_counterfactual=False,
+                                   eps_counterfactual=False, precision_counterfactual=False, future_leak_probe=False,
                                    isolation=options.isolation), kernel_fn=kernel_fn)
         timings["t_eps0"] = time.perf_counter() - t0
         record["eps0_cond_max"] = zero.get("cond_max")
@@ -231,7 +227,16 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
             cause = "eps_effect"
             judgement = Judgement(judgement.verdict, judgement.why + (
                 f"; eps effect: the same case at eps=0 is equivalent (cond_max {zero.get('cond_max'):.3g})"))
-    if (cause == "kernel_bug" and options.precision_counterfactual and precision != "float64"
+    if (cause == "kernel_bug" and options.future_leak_probe and div.onset_t is not None
+            and outputs.get("output") is not None):
+        t0 = time.perf_counter()
+        leak = _future_leak(spec, problem, inputs, outputs["output"], trace, div.onset_t, options, kernel_fn, worker)
+        timings["t_leak"] = time.perf_counter() - t0
+        if leak is not None:
+            record["future_leak"] = True
+            judgement = Judgement(judgement.verdict, f"{judgement.why}; {leak}", judgement.rule)
+    if (cause == "kernel_bug" and not record.get("future_leak") and options.precision_counterfactual
+            and precision != "float64"
             and spec.capabilities.runs("float64", problem.device) is None):
         t0 = time.perf_counter()
         cause, judgement = _precision_counterfactual(spec, problem, inputs, options, kernel_fn, record, judgement,
@@ -242,6 +247,71 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     if store is not None:
         store.append(record)
     return record
+
+
+def _call_kernel(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], options: RunOptions,
+                 kernel_fn: Callable | None, worker: Any, check_determinism: bool):
+    """One guarded call of the kernel on ``inputs`` (`harness.kernels.guard.call_guarded`)."""
+    fn = kernel_fn if kernel_fn is not None else spec.callable()
+    args, kwargs = call_args(problem, inputs, spec)
+    with tf32_mode(problem.tf32), torch.no_grad():
+        return call_guarded(fn, args, kwargs, expected_shape=output_shape(problem),
+                            expected_dtype=problem.torch_dtype, expected_device=inputs[next(iter(inputs))].device,
+                            timeout_s=options.timeout_s, check_determinism=check_determinism, worker=worker)
+
+
+#: The share of a divergent output's error before its first mismatch that must move, when only later
+#: inputs change, for the divergence to be called a future leak. A causal kernel moves nothing there
+#: (bit for bit, or by a rounding of a global rescaling), a leaking one by about twice the leaked part.
+LEAK_SHARE = 0.5
+
+
+def _future_leak(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], output: torch.Tensor,
+                 trace: Any, onset_t: int, options: RunOptions, kernel_fn: Callable | None,
+                 worker: Any) -> str | None:
+    """Whether a divergence at ``onset_t`` (its first mismatch) comes from inputs after it: the why's
+    clause if so, else None.
+
+    The kernel runs again in the case's dtype with the sign of the family's ``linear_input`` flipped at
+    every position after ``onset_t`` (exact in every dtype; magnitudes, and so the domain, unchanged).
+    A causal kernel's outputs up to ``onset_t`` do not move; where they move by at least `LEAK_SHARE` of
+    their error against the oracle, the error is the future's contribution: an algebraic fault (a mask
+    that lets later keys in, as yet-another-retnet 0.5.0's bfloat16 decay mask does when a decay rounds
+    to 1), not precision lost in the dtype, whatever the float64 rerun says.
+    """
+    name = problem.definition.linear_input
+    axis = problem.length_axis
+    if name is None or name not in inputs or onset_t >= problem.length - 1:
+        return None
+    f64 = torch.float64
+
+    def up_to_onset(out: torch.Tensor) -> torch.Tensor:
+        return out.detach().to("cpu", f64).narrow(axis, 0, onset_t + 1)
+
+    def rerun(on: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        result = _call_kernel(spec, problem, on, options, kernel_fn, worker, False)
+        out = problem.definition.split_output(problem, (result.output, *result.extras)).get("output") \
+            if result.ok else None
+        return up_to_onset(out) if isinstance(out, torch.Tensor) and out.shape == output.shape else None
+
+    def largest(t: torch.Tensor) -> float:
+        finite = t[torch.isfinite(t)]
+        return float(finite.max()) if finite.numel() else 0.0
+
+    x = inputs[name].clone()
+    x.narrow(axis, onset_t + 1, problem.length - onset_t - 1).neg_()
+    first, flipped = up_to_onset(output), rerun({**inputs, name: x})
+    if flipped is None:
+        return None
+    moved = largest((first - flipped).abs())
+    error = largest((first - trace.out.narrow(axis, 0, onset_t + 1)).abs())
+    if not (moved > 0.0 and moved >= LEAK_SHARE * error):
+        return None
+    same = rerun(inputs)  # a kernel that does not repeat itself moves without any leak
+    if same is None or not largest((first - same).abs()) < LEAK_SHARE * moved:
+        return None
+    return (f"future leak: flipping the sign of {name} after t={onset_t} moves the output at t <= {onset_t} by "
+            f"up to {moved:.3g} (its error there: {error:.3g}); a causal kernel's would not move")
 
 
 #: Verdicts from the worst down: the record of a case with several targets takes the worst.
@@ -288,7 +358,7 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     wide = {k: v.to(torch.float64) for k, v in inputs.items()}
     again = run_case(spec, problem.replace(dtype="float64", tf32=False),
                      RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
-                                precision_counterfactual=False, isolation=options.isolation),
+                                precision_counterfactual=False, future_leak_probe=False, isolation=options.isolation),
                      kernel_fn=kernel_fn, inputs=wide)
     record["float64_verdict"] = again["verdict"]
     record["float64_cond_max"] = again.get("cond_max")

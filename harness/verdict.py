@@ -457,6 +457,9 @@ def format_failure(
         lines.append(f"Non-finite: {rec.nonfinite_class} ({rec.n_kernel_nonfinite} NaN/Inf in the output); {dom}")
     rule = f" (rule {judgement.rule})" if judgement.rule else ""
     lines.append(f"Classification: {judgement.verdict.value}{rule} -- {judgement.why}")
+    cause = record.get("cause") if isinstance(record, Mapping) else None
+    if cause:
+        lines.append(f"Cause: {cause}")
     if replay:
         lines.append(f"Replay: {replay}")
     return "\n".join(lines)

@@ -500,6 +500,15 @@ def test_a_load_that_raises_makes_the_kernel_unavailable(exc: BaseException) -> 
         spec.callable()
 
 
+def test_a_package_kernel_that_fails_to_load_names_the_installed_version() -> None:
+    # a package's published versions differ: fla-core 0.5.x raises at import under triton 3.9, 0.6.0 loads
+    from importlib import metadata
+
+    spec = KernelSpec(name="pytest.bad_load", family="linear_scan", load=_raising_load(ValueError("key BT")),
+                      source="pytest")
+    assert spec.unavailable_reason() == f"loading failed with pytest {metadata.version('pytest')}: ValueError: key BT"
+
+
 def test_sweep_leaves_out_a_kernel_whose_load_raises_or_hangs(monkeypatch) -> None:
     import threading
 

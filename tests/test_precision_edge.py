@@ -8,7 +8,8 @@ The issue's cases, small enough for `make test`, each next to the check that sho
 - a one-step float64 sequential loop (mambapy.selective_scan_seq, L=1, regime large) was `divergent` at
   cond 1.1-1.3: its error and the float64 oracle's own are both within 3 u and may add;
 - a divergent low-precision case that is equivalent on the same inputs in float64 gets the cause
-  ``precision_loss``; an algebraic mistake stays ``kernel_bug``;
+  ``precision_loss``; an algebraic mistake stays ``kernel_bug``, and so does a future leak that only a
+  low precision opens (a decay rounded to 1 under yet-another-retnet 0.5.0's infinite-distance mask);
 - yet-another-retnet's chunkwise retention in bfloat16 on the ramp: the long-memory heads hold no
   guaranteed digit, the rest agrees;
 - `long_memory` (and every regime but `unstable`) keeps the decays at or below 1 whatever the bias;
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 
 from harness import metrics
 from harness.kernels import registry
-from harness.kernels.contract import Capabilities, Family, KernelSpec
+from harness.kernels.contract import Capabilities, Family, KernelSpec, retnet_gammas
 from harness.problems import REGIMES, Problem, _uniform
 from harness.runner import RunOptions, baseline_output, call_args, reference_trace, run_case
 from harness.strategies import explicit_values, problems
@@ -162,6 +163,7 @@ def test_precision_lost_by_the_algorithm_is_named_precision_loss():
     assert rec["verdict"] == "divergent" and rec["cause"] == "precision_loss", rec["why"]
     assert rec["float64_verdict"] == "equivalent" and rec["float64_cond_max"] <= 1
     assert "precision loss" in rec["why"] and "x the float32 sequential loop" in rec["why"]
+    assert "future_leak" not in rec  # causal: the probe found nothing moving before the first mismatch
     # switched off, the cause is the plain kernel_bug
     off = run_case(_spec("user.bf16_state"), p, RunOptions(timeout_s=None, precision_counterfactual=False),
                    kernel_fn=kernel)
@@ -177,6 +179,62 @@ def test_an_algebraic_mistake_stays_a_kernel_bug():
     rec = run_case(_spec("user.stale"), p, RunOptions(timeout_s=None), kernel_fn=stale)
     assert rec["verdict"] == "divergent" and rec["cause"] == "kernel_bug"
     assert rec["float64_verdict"] == "divergent"
+    assert "future_leak" not in rec and "future leak" not in rec["why"]  # wrong, but causal
+
+
+def _masked_by_infinite_distance(q, k, v, *, reach: int = 0):
+    """Parallel retention whose mask is ``gamma ** distance`` with the future's distance set to inf,
+    gamma rounded to the input dtype (yet-another-retnet 0.5.0's decay mask): causal while every
+    gamma < 1, leaking every later key into every output where a gamma rounds to 1 (bfloat16, heads >= 4:
+    1 - 2**-9 rounds to 1, and 1 ** inf = 1). ``reach`` > 0 also lets the next ``reach`` keys in."""
+    _, L, H, dk = q.shape
+    gamma = torch.tensor(retnet_gammas(H), dtype=torch.float64).to(q.dtype).view(H, 1, 1)
+    t = torch.arange(L, dtype=torch.float64)
+    distance = (t[:, None] - t[None, :]).abs().masked_fill(t[None, :] > t[:, None] + reach, math.inf)
+    mask = gamma ** distance.to(q.dtype)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * dk**-0.5
+    return torch.einsum("bhts,bshv->bthv", scores * mask, v)
+
+
+def _retention_spec(name: str) -> KernelSpec:
+    return KernelSpec(name=name, family=Family.RETENTION, load=lambda: None,
+                      capabilities=Capabilities(devices=("cpu",)), source="user")
+
+
+def test_a_future_leak_opened_by_a_low_precision_is_a_kernel_bug_not_precision_loss():
+    p = Problem(family="retention", length=12, dtype="bfloat16", regime="trained", batch=1, heads=6, dk=8, dv=4,
+                seed=5)
+    spec = _retention_spec("user.infinite_distance_mask")
+    rec = run_case(spec, p, RunOptions(timeout_s=None), kernel_fn=_masked_by_infinite_distance)
+    assert rec["verdict"] == "divergent" and rec["cause"] == "kernel_bug", rec["why"]
+    assert rec["future_leak"] is True and f"flipping the sign of v after t={rec['onset_t']}" in rec["why"]
+    # without the probe, the float64 rerun (where no gamma rounds to 1: causal) would call it precision loss
+    off = run_case(spec, p, RunOptions(timeout_s=None, future_leak_probe=False), kernel_fn=_masked_by_infinite_distance)
+    assert off["cause"] == "precision_loss" and off["float64_verdict"] == "equivalent" and "future_leak" not in off
+
+
+def test_a_future_leak_in_float64_is_named_in_the_why():
+    p = Problem(family="retention", length=12, dtype="float64", regime="trained", batch=1, heads=2, dk=8, dv=4,
+                seed=5)
+    rec = run_case(_retention_spec("user.one_ahead"), p, RunOptions(timeout_s=None),
+                   kernel_fn=lambda q, k, v: _masked_by_infinite_distance(q, k, v, reach=1))
+    assert rec["verdict"] == "divergent" and rec["cause"] == "kernel_bug" and rec["future_leak"] is True
+    assert "future leak" in rec["why"]
+    # the causal form on the same case: equivalent, nothing probed
+    ok = run_case(_retention_spec("user.causal"), p, RunOptions(timeout_s=None), kernel_fn=_masked_by_infinite_distance)
+    assert ok["verdict"] == "equivalent" and "future_leak" not in ok
+
+
+def test_a_kernel_that_does_not_repeat_itself_is_not_called_a_leak():
+    def noisy(q, k, v):  # causal, wrong by fresh noise on every call: its outputs move with nothing changed
+        out = _masked_by_infinite_distance(q, k, v)
+        return out + 0.1 * torch.randn(out.shape, dtype=out.dtype)
+
+    p = Problem(family="retention", length=12, dtype="float64", regime="trained", batch=1, heads=2, dk=8, dv=4,
+                seed=5)
+    rec = run_case(_retention_spec("user.noisy"), p, RunOptions(timeout_s=None), kernel_fn=noisy)
+    assert rec["verdict"] == "divergent" and rec["cause"] == "kernel_bug"
+    assert "future_leak" not in rec and "future leak" not in rec["why"]
 
 
 @pytest.mark.thirdparty

@@ -60,6 +60,9 @@ class FamilyDef:
         uses_matmuls: whether every form of the family computes matmuls (TF32 applies on CUDA).
         has_convention: whether a kernel's `RetentionConvention` (decays, scale) enters the oracle.
         takes_eps: whether problems carry a norm ``eps`` (required then, refused otherwise).
+        linear_input: an input the output is linear in, laid out along the output's length axis (a
+            scan's ``b`` or ``u``, retention's ``v``): flipping its sign after position t leaves every
+            output at or before t of a causal kernel unchanged (`harness.runner`'s future-leak probe).
     """
 
     family: Family
@@ -70,6 +73,7 @@ class FamilyDef:
     uses_matmuls: bool = False
     has_convention: bool = False
     takes_eps: bool = False
+    linear_input: str | None = None
 
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:

@@ -11,6 +11,7 @@ from harness.kernels.contract import Family
 class LinearScan(FamilyDef):
     family = Family.LINEAR_SCAN
     arg_order = ("a", "b")
+    linear_input = "b"
     regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable")
     grad_inputs = ("a", "b")
     length_axis = -1

@@ -14,6 +14,7 @@ from harness.kernels.contract import Family
 class Retention(FamilyDef):
     family = Family.RETENTION
     arg_order = ("q", "k", "v")
+    linear_input = "v"
     regimes = ("trained", "large", "tiny", "ramp")
     grad_inputs = ("q", "k", "v")
     length_axis = 1

@@ -15,6 +15,7 @@ _OPTIONAL = ("D", "z", "delta_bias")
 class SelectiveScan(FamilyDef):
     family = Family.SELECTIVE_SCAN
     arg_order = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    linear_input = "u"
     regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable")
     grad_inputs = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     length_axis = -1

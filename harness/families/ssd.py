@@ -43,6 +43,7 @@ from harness.kernels.contract import Family
 class SSD(StatefulFamily):
     family = Family.SSD
     arg_order = ("x", "dt", "A", "B", "C")
+    linear_input = "x"
     regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
     length_axis = 1

@@ -281,6 +281,20 @@ class KernelSpec:
 _LOADED: dict[tuple[str, int], Callable | KernelUnavailable] = {}
 
 
+def _with_version(source: str) -> str:
+    """`` with <dist> <version>`` for a kernel from an installed distribution, else "": a package that
+    fails to load often does so only in some of its published versions (fla-core 0.5.x does not import
+    under triton 3.9: an autotuner key names a parameter its kernel lacks)."""
+    from importlib import metadata
+
+    if source in ("intree", "user") or source.startswith("entry-point:"):
+        return ""
+    try:
+        return f" with {source} {metadata.version(source)}"
+    except (metadata.PackageNotFoundError, ValueError):
+        return ""
+
+
 def _load_cached(spec: KernelSpec) -> Callable:
     key = (spec.name, id(spec.load))
     if key not in _LOADED:
@@ -293,7 +307,7 @@ def _load_cached(spec: KernelSpec) -> Callable:
         except Exception as exc:  # noqa: BLE001 - e.g. an nvcc build at import: the kernel's failure, not the run's
             text = " ".join(str(exc).split())
             text = text if len(text) <= 300 else text[:300] + "..."
-            _LOADED[key] = KernelUnavailable(f"loading failed: {type(exc).__name__}: {text}")
+            _LOADED[key] = KernelUnavailable(f"loading failed{_with_version(spec.source)}: {type(exc).__name__}: {text}")
     value = _LOADED[key]
     if isinstance(value, KernelUnavailable):
         raise value
