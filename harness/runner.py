@@ -17,6 +17,7 @@ error.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -236,12 +237,11 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
             record["future_leak"] = True
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {leak}", judgement.rule)
     if (cause == "kernel_bug" and not record.get("future_leak") and options.precision_counterfactual
-            and precision != "float64"
-            and spec.capabilities.runs("float64", problem.device) is None):
+            and spec.capabilities.runs("float64" if precision != "float64" else "float32", problem.device) is None):
         t0 = time.perf_counter()
         cause, judgement = _precision_counterfactual(spec, problem, inputs, options, kernel_fn, record, judgement,
                                                      precision)
-        timings["t_float64"] = time.perf_counter() - t0
+        timings["t_other_dtype"] = time.perf_counter() - t0
     timings["t_case"] = time.perf_counter() - began
     _finish(record, judgement, cause=cause, timings=timings)
     if store is not None:
@@ -345,33 +345,71 @@ def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: to
     return judgement
 
 
+#: How far apart the cond errors of one case in two dtypes may lie for its error to count as rounding
+#: of the algorithm. A cond error is the error in units of the dtype's own rounding bound: an algorithm's
+#: rounding shrinks with the unit roundoff, so its cond error is about the same in both dtypes (within a
+#: few times: different roundings); a mistake's error does not shrink, so its cond error grows by
+#: u_low / u_high, 5.4e8 from float32 to float64 (bfloat16: 3.5e13).
+PRECISION_SCALING = 1e3
+
+
+def _scales_with_roundoff(cond_high: Any, cond_low: Any) -> bool:
+    """Whether a cond error ``cond_high`` in the wider dtype is no more than `PRECISION_SCALING` times the
+    same case's ``cond_low`` in the narrower one (both finite, the narrower one > 0)."""
+    return (isinstance(cond_high, float) and isinstance(cond_low, float) and math.isfinite(cond_high)
+            and math.isfinite(cond_low) and cond_low > 0 and cond_high <= PRECISION_SCALING * cond_low)
+
+
+def _rerun_in(dtype: str, spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
+              options: RunOptions, kernel_fn: Callable | None) -> dict[str, Any]:
+    """The record of the same case in ``dtype``, its inputs the case's own converted (exactly when wider)."""
+    moved = {k: v.to(DTYPE_NAMES[dtype]) if v.is_floating_point() else v for k, v in inputs.items()}
+    return run_case(spec, problem.replace(dtype=dtype, tf32=False),
+                    RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
+                               precision_counterfactual=False, future_leak_probe=False, isolation=options.isolation),
+                    kernel_fn=kernel_fn, inputs=moved)
+
+
 def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
                               options: RunOptions, kernel_fn: Callable | None, record: dict[str, Any],
                               judgement: Judgement, precision: str) -> tuple[str, Judgement]:
-    """Re-run a divergent low-precision case in float64 on the same rounded inputs (upcast exactly).
+    """Tell precision lost by the algorithm from an algebraic mistake by running the case in a second dtype.
 
-    Equivalent there: the algorithm is right and loses precision in ``precision`` -> cause
-    ``precision_loss``, with the factor against the same-dtype sequential loop in the why; divergent
-    there too: an algebraic mistake, ``kernel_bug`` stays. The verdict itself is unchanged (the kernel
-    does err beyond the bound in that dtype); the float64 run's verdict and cond_max are recorded.
+    A low-precision case reruns in float64 on the same rounded inputs (upcast exactly); a float64 case in
+    float32 on its inputs rounded to float32 (where the kernel runs float32). The cause is
+    ``precision_loss`` when the float64 run is equivalent, or when the two runs' cond errors lie within
+    `PRECISION_SCALING` of each other (`_scales_with_roundoff`: an error that shrinks with the unit
+    roundoff, as a log-space scan's ``u * sum |log a|`` does); otherwise ``kernel_bug`` stays. NaN/Inf in
+    the wider run keep ``kernel_bug``. The verdict itself is unchanged (the kernel does err beyond the bound
+    in that dtype); the other run's verdict and cond_max are recorded (``float64_*`` / ``float32_*``).
     """
-    wide = {k: v.to(torch.float64) for k, v in inputs.items()}
-    again = run_case(spec, problem.replace(dtype="float64", tf32=False),
-                     RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
-                                precision_counterfactual=False, future_leak_probe=False, isolation=options.isolation),
-                     kernel_fn=kernel_fn, inputs=wide)
-    record["float64_verdict"] = again["verdict"]
-    record["float64_cond_max"] = again.get("cond_max")
-    if again["verdict"] != Verdict.EQUIVALENT.value:
+    low = precision != "float64"
+    other = "float64" if low else "float32"
+    again = _rerun_in(other, spec, problem, inputs, options, kernel_fn)
+    record[f"{other}_verdict"] = again["verdict"]
+    record[f"{other}_cond_max"] = again.get("cond_max")
+    mine = {"verdict": judgement.verdict.value, "dtype": precision, "cond_max": record.get("cond_max"),
+            "n_kernel_nonfinite": record.get("n_kernel_nonfinite")}
+    wide, narrow = (again, mine) if low else (mine, again)
+    scales = (not wide.get("n_kernel_nonfinite") and wide["verdict"] in ("equivalent", "divergent")
+              and narrow["verdict"] in ("equivalent", "divergent")
+              and _scales_with_roundoff(wide.get("cond_max"), narrow.get("cond_max")))
+    if low and again["verdict"] == Verdict.EQUIVALENT.value:
+        found = f"the same inputs in float64 are equivalent (cond_max {again.get('cond_max'):.3g})"
+    elif scales:
+        found = (f"the error shrinks with the unit roundoff, as rounding does and a mistake does not: cond_max "
+                 f"{wide.get('cond_max'):.3g} in float64, {narrow.get('cond_max'):.3g} in {narrow.get('dtype')} "
+                 f"on the same inputs{' rounded to float32' if not low else ''} (each in units of its own dtype's "
+                 "rounding bound)")
+    else:
         return "kernel_bug", judgement
     ratio = record.get("baseline_ratio")
     factor = (f"; it errs {ratio:.3g}x the {precision} sequential loop"
-              if isinstance(ratio, float) and ratio == ratio else "")
-    if record.get("n_kernel_nonfinite"):  # NaN/Inf where the oracle is finite and in range: a range loss
+              if low and isinstance(ratio, float) and ratio == ratio else "")
+    if low and record.get("n_kernel_nonfinite"):  # NaN/Inf where the oracle is finite and in range: a range loss
         factor = (f"; its NaN/Inf come from its own intermediates leaving {precision}'s range (an overflow of "
                   f"the form, not of the inputs: the exact state and output are in range)")
-    why = (f"{judgement.why}; precision loss: the same inputs in float64 are equivalent "
-           f"(cond_max {again.get('cond_max'):.3g}){factor}")
+    why = f"{judgement.why}; precision loss: {found}{factor}"
     return "precision_loss", Judgement(judgement.verdict, why, judgement.rule)
 
 

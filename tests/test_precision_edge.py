@@ -182,6 +182,42 @@ def test_an_algebraic_mistake_stays_a_kernel_bug():
     assert "future_leak" not in rec and "future leak" not in rec["why"]  # wrong, but causal
 
 
+def _log_space_scan(a, b):
+    """h_t = a_t h_{t-1} + b_t in log space (Heinsen, arXiv 2311.06281): log h_t = A_t +
+    logcumsumexp(log b_s - A_s), A_t = sum of log a up to t; complex logs carry the signs. Right in exact
+    arithmetic; each A_t carries the rounding of t logs, so its error grows like u * sum |log a| where a
+    loop's does not: precision lost by the algorithm, in every dtype alike (float32 inside for half inputs)."""
+    complex_dtype = torch.complex128 if a.dtype == torch.float64 else torch.complex64
+    log_a, log_b = torch.log(a.to(complex_dtype)), torch.log(b.to(complex_dtype))
+    cum = torch.cumsum(log_a, dim=-1)
+    return torch.exp(cum + torch.logcumsumexp(log_b - cum, dim=-1)).real.to(a.dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_log_space_scan_loses_precision_in_every_dtype_alike_named_precision_loss(dtype):
+    p = Problem(family="linear_scan", length=656, dtype=dtype, regime="fast_decay", batch=2, dim=4, seed=11)
+    rec = run_case(_spec("user.log_space"), p, RunOptions(timeout_s=None), kernel_fn=_log_space_scan)
+    other = "float32" if dtype == "float64" else "float64"
+    assert rec["verdict"] == "divergent" and rec["cause"] == "precision_loss", rec["why"]
+    # divergent in the other dtype too, by about as many of its own roundings (measured: 130 and 158)
+    assert rec[f"{other}_verdict"] == "divergent" and 0.1 < rec[f"{other}_cond_max"] / rec["cond_max"] < 10
+    assert "the error shrinks with the unit roundoff" in rec["why"]
+    off = run_case(_spec("user.log_space"), p, RunOptions(timeout_s=None, precision_counterfactual=False),
+                   kernel_fn=_log_space_scan)
+    assert off["cause"] == "kernel_bug"
+
+
+def test_a_float64_mistake_stays_a_kernel_bug_after_the_float32_rerun():
+    def stale(a, b):
+        return _loop_scan_in(lambda d: d)(torch.cat([a[..., :1], a[..., :-1]], dim=-1), b)
+
+    p = Problem(family="linear_scan", length=64, dtype="float64", regime="trained", batch=1, dim=4, seed=3)
+    rec = run_case(_spec("user.stale"), p, RunOptions(timeout_s=None), kernel_fn=stale)
+    assert rec["verdict"] == "divergent" and rec["cause"] == "kernel_bug"
+    # the mistake's error is the same size in float32: in units of each dtype's rounding, 5e8 times apart
+    assert rec["float32_verdict"] == "divergent" and rec["cond_max"] > 1e6 * rec["float32_cond_max"]
+
+
 def _masked_by_infinite_distance(q, k, v, *, reach: int = 0):
     """Parallel retention whose mask is ``gamma ** distance`` with the future's distance set to inf,
     gamma rounded to the input dtype (yet-another-retnet 0.5.0's decay mask): causal while every
