@@ -288,8 +288,8 @@ def _future_leak(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Ten
     def up_to_onset(out: torch.Tensor) -> torch.Tensor:
         return out.detach().to("cpu", f64).narrow(axis, 0, onset_t + 1)
 
-    def rerun(on: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        result = _call_kernel(spec, problem, on, options, kernel_fn, worker, False)
+    def rerun(on: dict[str, torch.Tensor]) -> torch.Tensor | None:  # on copies: the case keeps its inputs
+        result = _call_kernel(spec, problem, {k: v.clone() for k, v in on.items()}, options, kernel_fn, worker, False)
         out = problem.definition.split_output(problem, (result.output, *result.extras)).get("output") \
             if result.ok else None
         return up_to_onset(out) if isinstance(out, torch.Tensor) and out.shape == output.shape else None

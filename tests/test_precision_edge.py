@@ -449,3 +449,16 @@ def test_a_kernel_computing_in_float32_gets_float64_large_and_tiny_at_float32_sc
 
     collect()
     assert set(drawn) == {"float32"}
+
+
+def test_check_s_message_carries_the_run_s_why_and_cause():
+    # the search's failure message: the run's why (with its counterfactuals) and the cause, not a re-judging
+    from harness.api import check
+
+    def one_ahead(q, k, v):
+        return _masked_by_infinite_distance(q, k, v, reach=1)
+
+    result = check(one_ahead, family="retention", profile="ci", dtypes=("float64",), max_examples=20,
+                   save_counterexample=False, grad=False, isolation="in-process", shrink_deadline_s=20)
+    assert not result.passed and result.failure["cause"] == "kernel_bug"
+    assert "future leak: flipping the sign of v" in result.message and "\nCause: kernel_bug" in result.message

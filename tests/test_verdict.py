@@ -257,6 +257,13 @@ def test_assert_equivalent_message_a_person_can_act_on():
     assert msg == format_failure(d, judge(d), "harness replay --kernel intree.blelloch --problem '{}'")
 
 
+def test_a_record_s_message_names_its_cause():
+    record = {**planted().to_dict(), "cause": "precision_loss"}
+    msg = format_failure(record, judge(record), "harness replay x")
+    assert "\nCause: precision_loss\nReplay: harness replay x" in msg
+    assert "Cause:" not in format_failure(planted(), judge(planted()))  # a bare Divergence has none
+
+
 def test_assert_equivalent_passes_and_returns_the_judgement():
     j = assert_equivalent(planted(ulps=(0, 0, 0, 1)))
     assert isinstance(j, Judgement) and j.verdict is Verdict.EQUIVALENT
