@@ -380,7 +380,7 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     ``precision_loss`` when the float64 run is equivalent, or when the two runs' cond errors lie within
     `PRECISION_SCALING` of each other (`_scales_with_roundoff`: an error that shrinks with the unit
     roundoff, as a log-space scan's ``u * sum |log a|`` does); otherwise ``kernel_bug`` stays. NaN/Inf in
-    the wider run keep ``kernel_bug``. The verdict itself is unchanged (the kernel does err beyond the bound
+    either run keep ``kernel_bug`` unless the float64 run is equivalent. The verdict itself is unchanged (the kernel does err beyond the bound
     in that dtype); the other run's verdict and cond_max are recorded (``float64_*`` / ``float32_*``).
     """
     low = precision != "float64"
@@ -391,7 +391,8 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     mine = {"verdict": judgement.verdict.value, "dtype": precision, "cond_max": record.get("cond_max"),
             "n_kernel_nonfinite": record.get("n_kernel_nonfinite")}
     wide, narrow = (again, mine) if low else (mine, again)
-    scales = (not wide.get("n_kernel_nonfinite") and wide["verdict"] in ("equivalent", "divergent")
+    scales = (not wide.get("n_kernel_nonfinite") and not narrow.get("n_kernel_nonfinite")
+              and wide["verdict"] in ("equivalent", "divergent")
               and narrow["verdict"] in ("equivalent", "divergent")
               and _scales_with_roundoff(wide.get("cond_max"), narrow.get("cond_max")))
     if low and again["verdict"] == Verdict.EQUIVALENT.value:
