@@ -299,7 +299,31 @@ def test_a_long_chunk_is_formed_in_tiles_with_the_same_result(monkeypatch, per_k
     tiled, tiled_state = fn(q, k, v, lg, chunk_size=37, output_final_state=True)
     assert calls == [(5, 5)] * 7 + [(2, 2)]  # 37 rows in tiles of 5, each against its own keys only
     torch.testing.assert_close(tiled, whole, rtol=1e-13, atol=1e-14)
-    assert torch.equal(tiled_state, whole_state)
+    torch.testing.assert_close(tiled_state, whole_state, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("chunk_size", [512, 300])
+def test_a_long_chunk_in_float16_restarts_its_decays_at_each_tile(monkeypatch, chunk_size):
+    """Under strong decay a whole long chunk's cumsum(g) passes float16's max (65,504) and two of them
+    differ by inf - inf = NaN (found by the nightly calibration: chunk 4,811, float16, NaN from the second
+    chunk on). Formed in sub-chunks from each chunk's own start, the chunk form stays finite and agrees
+    with the recurrent form; its chunk boundaries stay where ``chunk_size`` puts them."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 700, 2, 4, generator=g).to(torch.float16) for _ in range(3))
+    lg = (-200.0 * torch.rand(1, 700, 2, 4, generator=g) - 100.0).to(torch.float16)  # exp(g) is 0
+    monkeypatch.setattr(gf, "INTRA_BLOCK_ELEMENTS", 2 * 4 * 64 * 64)
+    starts = []
+    real = gf.chunk_decays
+    monkeypatch.setattr(gf, "chunk_decays", lambda gc: starts.append(gc.shape[2]) or real(gc))
+    out, state = gf.gla_chunk(q, k, v, lg, chunk_size=chunk_size, output_final_state=True)
+    ref, ref_state = gf.gla_recurrent(q, k, v, lg, output_final_state=True)
+    assert torch.isfinite(out).all() and torch.isfinite(state).all()
+    torch.testing.assert_close(out.double(), ref.double(), rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(state.double(), ref_state.double(), rtol=2e-3, atol=2e-3)
+    # sub-chunks of 64 restart at every multiple of chunk_size: 300 -> 64 x 4 + 44, twice, then 64 + 36
+    within = [min(64, n - i) for n in [min(chunk_size, 700 - c) for c in range(0, 700, chunk_size)]
+              for i in range(0, n, 64)]
+    assert starts == within
 
 
 def test_a_chunk_of_the_whole_sequence_stays_within_its_tile(monkeypatch):
