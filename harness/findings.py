@@ -37,6 +37,8 @@ CAUSE_PHRASES: dict[str, str] = {
     "rounding": "within the rounding bound",
     "kernel_bug": "beyond the rounding bound and the same-dtype loop: a kernel bug",
     "eps_effect": "through the norm's eps only",
+    "precision_loss": "the algorithm is right and loses digits a plain loop keeps",
+    "precision_exhausted": "no digit is guaranteed in the dtype",
     "input_overflow": "the inputs overflow the dtype",
     "raised": "the kernel raised",
     "timeout": "the kernel did not return in time",

@@ -235,9 +235,21 @@ def _record(kernel: str, verdict: str, cause: str, **extra) -> dict:
     return rec
 
 
+def test_every_cause_the_runner_names_reads_as_a_phrase():
+    import re
+    from pathlib import Path
+
+    import harness.runner as runner
+    from harness.findings import CAUSE_PHRASES
+
+    named = set(re.findall(r'"(precision_loss|kernel_bug|eps_effect|rounding)"', Path(runner.__file__).read_text()))
+    assert named and named <= set(CAUSE_PHRASES)
+    assert {"precision_exhausted", "input_overflow"} <= set(CAUSE_PHRASES)  # the verdict's domain kinds
+
+
 def test_a_new_cause_gets_its_own_line_without_code_changes():
     records = [_record("k.a", "divergent", "kernel_bug", cond_max=50.0, onset_t=3),
-               _record("k.b", "divergent", "precision_exhausted", cond_max=3.0, onset_t=40),
+               _record("k.b", "divergent", "a_cause_named_later", cond_max=3.0, onset_t=40),
                _record("k.c", "out_of_domain", "input_overflow", domain_onset_t=7, domain_cause="state"),
                _record("k.d", "kernel_error", "raised", cond_max=None, error="RuntimeError: boom"),
                _record("k.e", "equivalent", "rounding")]
@@ -245,7 +257,7 @@ def test_a_new_cause_gets_its_own_line_without_code_changes():
     assert lines == [
         "k.a (float32), regime trained: **divergent, kernel_bug (beyond the rounding bound and the same-dtype "
         "loop: a kernel bug)**: worst cond 50 (float32 L=64 trained); first mismatch at t=3 (1 case)",
-        "k.b (float32), regime trained: **divergent, precision_exhausted**: worst cond 3 (float32 L=64 trained); "
+        "k.b (float32), regime trained: **divergent, a_cause_named_later**: worst cond 3 (float32 L=64 trained); "
         "first mismatch at t=40 (1 case)",
         "k.d (float32), regime trained: **kernel_error, raised (the kernel raised)**: `RuntimeError: boom` (1 case)",
         "k.c (float32), regime trained: **out_of_domain, input_overflow (the inputs overflow the dtype)**: out of "
