@@ -380,8 +380,9 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     ``precision_loss`` when the float64 run is equivalent, or when the two runs' cond errors lie within
     `PRECISION_SCALING` of each other (`_scales_with_roundoff`: an error that shrinks with the unit
     roundoff, as a log-space scan's ``u * sum |log a|`` does); otherwise ``kernel_bug`` stays. NaN/Inf in
-    either run keep ``kernel_bug`` unless the float64 run is equivalent. The verdict itself is unchanged (the kernel does err beyond the bound
-    in that dtype); the other run's verdict and cond_max are recorded (``float64_*`` / ``float32_*``).
+    either run keep ``kernel_bug`` unless the float64 run is equivalent. The verdict itself is unchanged
+    (the kernel does err beyond the bound in that dtype); the other run's verdict and cond_max are
+    recorded (``float64_*`` / ``float32_*``).
     """
     low = precision != "float64"
     other = "float64" if low else "float32"

@@ -236,7 +236,9 @@ def formed_chunk(chunk_size: int, batch: int, heads: int, kg: int) -> int:
     chunk's (`chunk_output`), but the cumulative decays restart at each sub-chunk: a whole long chunk's
     ``cumsum(g)`` in the input dtype passes float16's max (65,504) under strong decay, and the differences
     of two of them are then ``inf - inf = NaN`` where the exact output is in range (the nightly
-    calibration: chunk 4,811 of L = 9,200, ``strong_decay``, float16, NaN from the second chunk on)."""
+    calibration: chunk 4,811 of L = 9,200, ``strong_decay``, float16, NaN from the second chunk on).
+    `chunk_output`'s own tiling stays for callers that hand it a whole long chunk (the planted chunk
+    bugs of the tests, whose faults act per declared chunk): their memory stays one tile."""
     largest = intra_tile_rows(batch, heads, kg)
     return chunk_size if chunk_size <= largest else min(largest, TILE_ROWS)
 
