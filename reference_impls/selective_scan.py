@@ -234,3 +234,64 @@ def selective_scan_trace(
     _, _, trace = _run(*args, bool(delta_softplus), dtype=torch.float64, device="cpu", with_trace=True)
     assert trace is not None
     return trace
+
+
+def selective_scan_chunk_growth(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    *,
+    chunk_size: int,
+) -> torch.Tensor:
+    """The chunk term of a kernel that forms its decays inside chunks of ``chunk_size`` (units of u,
+    (batch, dim, L), float64), to be added to `selective_scan_trace`'s growth.
+
+    Such a kernel (a selective scan written with segment sums, the way SSD code is) evaluates
+    ``exp(G_t - G_s)``, ``exp(G_t)`` and ``exp(G_last - G_s)`` with ``G_t = g_c + ... + g_t`` a cumulative
+    sum of the log-decays ``g = d' A`` from the chunk's first step c, per state entry n. This is the
+    gated families' chunk term (`reference_impls.gated_decay`, whose docstring argues each piece) with
+    that g: ``M_t`` the within-chunk mass ``|g_c| + ... + |g_t|``, ``Lambda_t = sqrt(M_c^2 + ... + M_t^2)``
+    (the random walk of the cumulative sum's roundings, at least ``M_t``), ``H`` the state magnitude of
+    the trace, and::
+
+        Dc_t = |a_t| (Dc_{t-1} + r_t),  r_t = 2 Lambda_{t-1} H_{t-1} at a chunk's first step, else 0
+        Y_t  = Dc_t + 2 Lambda_t H_t
+        chunk_growth = sum_n |C_n| Y_n   (times |silu(z)| with a gate)
+
+    A loop over t, vectorised over (batch, dim, N): it runs only for kernels that declare a chunk size.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive integer")
+    u, delta, A, B, C, D, z, delta_bias = (
+        None if x is None else x.to(device="cpu", dtype=torch.float64)
+        for x in _check(u, delta, A, B, C, D, z, delta_bias))
+    batch, dim, length = u.shape
+    dprime = delta if delta_bias is None else delta + delta_bias[:, None]
+    if delta_softplus:
+        dprime = F.softplus(dprime, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
+    Bc, Cc = (_per_channel(x, 0, length, dim).abs() for x in (B, C))  # (L, batch, dim or 1, N)
+    g = (dprime.permute(2, 0, 1)[..., None] * A).abs()  # (L, batch, dim, N): |log-decay| per step
+    decay = torch.exp(dprime.permute(2, 0, 1)[..., None] * A).abs()
+    drive = (dprime * u).abs().permute(2, 0, 1)[..., None] * Bc  # |d' u B|
+    out = torch.empty((length, batch, dim), dtype=torch.float64)
+    zeros = torch.zeros((batch, dim, A.shape[1]), dtype=torch.float64)
+    h, mass, walk, carried, lam = zeros, zeros, zeros, zeros, zeros
+    for t in range(length):
+        start = t % chunk_size == 0
+        r = 2.0 * lam * h if start and t > 0 else zeros
+        carried = decay[t] * (carried + r)
+        h = decay[t] * h + drive[t]
+        mass = g[t] if start else mass + g[t]
+        walk = mass * mass if start else walk + mass * mass
+        lam = walk.sqrt()
+        out[t] = (Cc[t] * (carried + 2.0 * lam * h)).sum(-1)
+    out = out.permute(1, 2, 0)
+    if z is not None:
+        out = out * F.silu(z).abs()
+    return out.contiguous()

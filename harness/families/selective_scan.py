@@ -91,10 +91,19 @@ class SelectiveScan(FamilyDef):
         return args, kwargs
 
     def trace(self, p, x, convention):
-        from reference_impls.selective_scan import selective_scan_trace
+        """The oracle's trace; for a kernel that takes a chunk size, with the chunk term in its growth
+        (`reference_impls.selective_scan.selective_scan_chunk_growth`: decays formed as exp of cumulative
+        sums within each chunk, the gated families' chunk-form rounding)."""
+        from dataclasses import replace
 
-        return selective_scan_trace(x["u"], x["delta"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"),
-                                    delta_bias=x.get("delta_bias"), delta_softplus=p.delta_softplus)
+        from reference_impls.selective_scan import selective_scan_chunk_growth, selective_scan_trace
+
+        args = (x["u"], x["delta"], x["A"], x["B"], x["C"])
+        kw = dict(D=x.get("D"), z=x.get("z"), delta_bias=x.get("delta_bias"), delta_softplus=p.delta_softplus)
+        trace = selective_scan_trace(*args, **kw)
+        if p.chunk_size is None:
+            return trace
+        return replace(trace, growth=trace.growth + selective_scan_chunk_growth(*args, **kw, chunk_size=p.chunk_size))
 
     def differentiable(self, p, x, convention):
         from reference_impls import autograd as ad
