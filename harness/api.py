@@ -10,7 +10,7 @@ suite (tests/test_kernel_suite.py) all run this one search.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
@@ -37,6 +37,11 @@ def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | 
         return registry.get(target)  # a registered kernel by name, with its declared capabilities
     obj = resolve_target(target) if isinstance(target, str) else target
     if isinstance(obj, KernelSpec):
+        if family is not None and Family.parse(family) is not obj.family:
+            raise InvalidArgument(f"family={family!r}: kernel {target!r} is a KernelSpec of family "
+                                  f"{obj.family.value!r}; leave --family out or give that one")
+        if isinstance(target, str):  # named by its target: keyed, replayed and loaded in a worker by it
+            return replace(obj, name=f"user.{target}", source="user")
         return obj
     if family is None:
         raise InvalidArgument(f"family=None: a plain callable ({target!r}) needs --family; "

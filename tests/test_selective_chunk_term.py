@@ -93,3 +93,56 @@ def test_the_chunk_term_is_added_only_for_a_chunked_case_and_grows_with_the_chun
     extra_small, extra_large = small.growth - bare.growth, large.growth - bare.growth
     assert (extra_small >= 0).all() and (extra_large >= 0).all()
     assert extra_large.sum() > 2 * extra_small.sum() > 0  # more steps of decay mass inside a longer chunk
+
+
+_FILE_KERNEL = '''
+import torch
+from harness.kernels.contract import Capabilities, Family, KernelSpec
+
+
+def scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, chunk_size=None):
+    assert chunk_size is not None, "the declared chunk sizes are passed"
+    dt = delta if delta_bias is None else delta + delta_bias[:, None]
+    if delta_softplus:
+        dt = torch.nn.functional.softplus(dt)
+    if B.dim() == 3:
+        B, C = B[:, None], C[:, None]
+    per_group = u.shape[1] // B.shape[1]
+    B, C = B.repeat_interleave(per_group, 1), C.repeat_interleave(per_group, 1)
+    h = torch.zeros(*u.shape[:2], A.shape[1], dtype=u.dtype)
+    ys = []
+    for t in range(u.shape[-1]):
+        h = torch.exp(dt[..., t, None] * A) * h + (dt[..., t] * u[..., t])[..., None] * B[..., t]
+        ys.append((C[..., t] * h).sum(-1))
+    y = torch.stack(ys, -1) if ys else torch.zeros_like(u)
+    y = y if D is None else y + D[:, None] * u
+    return y if z is None else y * torch.nn.functional.silu(z)
+
+
+SPEC = KernelSpec(name="mine.chunked", family=Family.SELECTIVE_SCAN, load=lambda: scan,
+                  capabilities=Capabilities(chunk_sizes=(8, 16)), source="user")
+'''
+
+
+def test_a_kernel_file_may_name_its_kernel_spec_with_the_chunks_it_takes(tmp_path):
+    from harness.api import check, user_kernel_spec
+    from harness.errors import InvalidArgument
+
+    path = tmp_path / "chunked.py"
+    path.write_text(_FILE_KERNEL)
+    target = f"{path}:SPEC"
+    spec = user_kernel_spec(target, family=None)
+    assert spec.name == f"user.{target}" and spec.capabilities.chunk_sizes == (8, 16)
+    with pytest.raises(InvalidArgument, match="KernelSpec of family 'selective_scan'"):
+        user_kernel_spec(target, family="retention")
+    records = []
+
+    class Store:
+        def append(self, record):
+            records.append(record)
+
+    result = check(target, profile="ci", max_examples=12, grad=False, save_counterexample=False, store=Store(),
+                   isolation="process")
+    assert result.passed, result.message
+    assert records and {r["chunk_size"] for r in records} <= {8, 16} and {r["isolation"] for r in records} == {"process"}
+    assert all(f"--kernel {target}" in r["replay"] for r in records)

@@ -127,9 +127,11 @@ class KernelRef:
 
             return registry.get(self.value).callable()
         if self.kind == "target":
+            from harness.kernels.contract import KernelSpec
             from harness.kernels.registry import resolve_target
 
-            return resolve_target(self.value)
+            found = resolve_target(self.value)
+            return found.callable() if isinstance(found, KernelSpec) else found
         return self.value
 
 

@@ -150,6 +150,7 @@ def resolve_target(target: str) -> Callable:
         if not hasattr(obj, part):
             raise InvalidArgument(f"kernel={target!r}: {where!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    if not callable(obj):
-        raise InvalidArgument(f"kernel={target!r} names a {type(obj).__name__}, which is not callable")
+    if not callable(obj) and not isinstance(obj, KernelSpec):
+        raise InvalidArgument(f"kernel={target!r} names a {type(obj).__name__}, which is not callable (nor a "
+                              "KernelSpec declaring one)")
     return obj
