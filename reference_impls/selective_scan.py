@@ -275,22 +275,22 @@ def selective_scan_chunk_growth(
     dprime = delta if delta_bias is None else delta + delta_bias[:, None]
     if delta_softplus:
         dprime = F.softplus(dprime, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
-    Bc, Cc = (_per_channel(x, 0, length, dim).abs() for x in (B, C))  # (L, batch, dim or 1, N)
-    g = (dprime.permute(2, 0, 1)[..., None] * A).abs()  # (L, batch, dim, N): |log-decay| per step
-    decay = torch.exp(dprime.permute(2, 0, 1)[..., None] * A).abs()
-    drive = (dprime * u).abs().permute(2, 0, 1)[..., None] * Bc  # |d' u B|
+    drive = (dprime * u).abs()
     out = torch.empty((length, batch, dim), dtype=torch.float64)
     zeros = torch.zeros((batch, dim, A.shape[1]), dtype=torch.float64)
     h, mass, walk, carried, lam = zeros, zeros, zeros, zeros, zeros
-    for t in range(length):
+    for t in range(length):  # memory of one step: nightly lengths hold no (L, batch, dim, N) tensor
         start = t % chunk_size == 0
+        log_decay = dprime[..., t, None] * A
+        decay, g = log_decay.exp(), log_decay.abs()
         r = 2.0 * lam * h if start and t > 0 else zeros
-        carried = decay[t] * (carried + r)
-        h = decay[t] * h + drive[t]
-        mass = g[t] if start else mass + g[t]
+        carried = decay * (carried + r)
+        Bt, Ct = (_per_channel(x, t, t + 1, dim)[0].abs() for x in (B, C))  # (batch, dim or 1, N)
+        h = decay * h + drive[..., t, None] * Bt
+        mass = g if start else mass + g
         walk = mass * mass if start else walk + mass * mass
         lam = walk.sqrt()
-        out[t] = (Cc[t] * (carried + 2.0 * lam * h)).sum(-1)
+        out[t] = (Ct * (carried + 2.0 * lam * h)).sum(-1)
     out = out.permute(1, 2, 0)
     if z is not None:
         out = out * F.silu(z).abs()
