@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from reference_impls import _validate
-from reference_impls.selective_scan import SOFTPLUS_THRESHOLD
+from reference_impls.selective_scan import SOFTPLUS_THRESHOLD, delta_prime
 
 
 def _left_to_right_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -47,9 +47,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     per_group = dim // B.shape[1]
     Bc = B.repeat_interleave(per_group, dim=1)  # (batch, dim, N, L): channel d uses group d // per_group
     Cc = C.repeat_interleave(per_group, dim=1)
-    dprime = delta if delta_bias is None else delta + delta_bias[:, None]
-    if delta_softplus:
-        dprime = F.softplus(dprime, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
+    dprime = delta_prime(delta, delta_bias, delta_softplus)
     h = torch.zeros((batch, dim, A.shape[1]), dtype=u.dtype)
     ys = []
     for t in range(length):

@@ -100,6 +100,12 @@ def _check(u, delta, A, B, C, D, z, delta_bias):
     return u, delta, A, grouped[0], grouped[1], D, z, delta_bias
 
 
+def delta_prime(delta: torch.Tensor, delta_bias: torch.Tensor | None, delta_softplus: bool) -> torch.Tensor:
+    """``d' = softplus(delta + delta_bias)`` (or without softplus / bias), in delta's dtype (module docstring)."""
+    dprime = delta if delta_bias is None else delta + delta_bias[:, None]
+    return F.softplus(dprime, beta=1.0, threshold=SOFTPLUS_THRESHOLD) if delta_softplus else dprime
+
+
 def _per_channel(x: torch.Tensor, start: int, stop: int, dim: int) -> torch.Tensor:
     """Steps [start, stop) of grouped (batch, G, N, L) as (steps, batch, dim or 1, N) for broadcasting."""
     blk = x[..., start:stop].permute(3, 0, 1, 2)  # (steps, batch, G, N)
@@ -115,9 +121,7 @@ def _run(u, delta, A, B, C, D, z, delta_bias, delta_softplus, *, dtype, device, 
     u, delta, A, B, C, D, z, delta_bias = map(cvt, (u, delta, A, B, C, D, z, delta_bias))
     batch, dim, length = u.shape
     n_state = A.shape[1]
-    dprime = delta if delta_bias is None else delta + delta_bias[:, None]
-    if delta_softplus:
-        dprime = F.softplus(dprime, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
+    dprime = delta_prime(delta, delta_bias, delta_softplus)
     # The fused kernels: one compiled pass per block does the state update and C.h + D u (plain), and
     # also the trace's recurrences, output maps and running maxima (trace). Otherwise the torch loop
     # below, with `_loop.recur` compiled where it can be. The gate is applied after either.
@@ -272,9 +276,7 @@ def selective_scan_chunk_growth(
         None if x is None else x.to(device="cpu", dtype=torch.float64)
         for x in _check(u, delta, A, B, C, D, z, delta_bias))
     batch, dim, length = u.shape
-    dprime = delta if delta_bias is None else delta + delta_bias[:, None]
-    if delta_softplus:
-        dprime = F.softplus(dprime, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
+    dprime = delta_prime(delta, delta_bias, delta_softplus)
     drive = (dprime * u).abs()
     out = torch.empty((length, batch, dim), dtype=torch.float64)
     zeros = torch.zeros((batch, dim, A.shape[1]), dtype=torch.float64)
