@@ -19,7 +19,9 @@ long-lived worker process of its own kernel (`Worker`), which the harness replac
 - a worker that exits or is killed by a signal gives the ``crashed`` outcome, with the exit code or the
   signal's name and the last lines the worker wrote to its stdout/stderr (kept in a log file); a call
   that takes longer than the timeout kills the worker (``timeout``); a kernel that leaves a non-daemon
-  thread alive gets its worker replaced after the call (the thread would keep a process alive).
+  thread alive gets its worker replaced after the call (the thread would keep a process alive). Each
+  worker leads a process group of its own, and closing it kills the group: a process the kernel started
+  and never waited for (a helper, a compile server) does not outlive the worker.
   Workers ignore SIGINT: a Ctrl-C stops the harness, which then writes its partial report.
 
 ``"in-process"`` (``harness check --in-process``) runs the kernel in the harness's own process, on a
@@ -302,6 +304,7 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
+    os.setsid()  # a process group of its own: closing the worker takes down what the kernel started too
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
     interpret_if_no_gpu()  # before the kernel's package can import triton
@@ -545,6 +548,13 @@ class Worker:
         return reply
 
     def close(self) -> None:
+        """Kill the worker and every process the kernel started in its group (a compile server, a helper
+        it never waited for): none of them outlives the worker, whether it is closed alive or found dead."""
+        if self.process.pid is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:  # no such group (it never started, or everything in it is gone)
+                pass
         if self.process.is_alive():
             try:
                 self.process.kill()

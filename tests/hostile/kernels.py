@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -73,3 +76,15 @@ def slow(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Right, and slow enough (0.2 s a call) that a run can be interrupted in its middle."""
     time.sleep(0.2)
     return blelloch_linear_scan(a, b)
+
+
+def starts_helper(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Right, but starts a helper process it never waits for (a compile server); its pid is the name of a
+    file in `HELPERS` (the worker's environment is its forkserver's, so no variable can say where)."""
+    helper = subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    HELPERS.mkdir(exist_ok=True)
+    (HELPERS / str(helper.pid)).touch()
+    return blelloch_linear_scan(a, b)
+
+
+HELPERS = Path(tempfile.gettempdir()) / "harness-hostile-helpers"

@@ -113,6 +113,32 @@ def test_a_one_ulp_flaky_kernel_is_nondeterministic_not_a_hypothesis_error(tmp_p
     assert len(load_records(tmp_path / "run")) == len(result.records) >= 1
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
+def test_a_helper_process_the_kernel_started_does_not_outlive_its_worker(tmp_path):
+    from harness.kernels import isolation
+    from tests.hostile.kernels import HELPERS
+
+    before = set(HELPERS.iterdir()) if HELPERS.is_dir() else set()
+    stored = _between_correct_runs(tmp_path, "starts_helper")
+    assert [r["verdict"] for r in stored] == ["equivalent"] * 5, [r.get("why") for r in stored]
+    started = [int(p.name) for p in set(HELPERS.iterdir()) - before]
+    assert len(started) == 2 and all(_running(pid) for pid in started)  # the kernel did start them
+    isolation.shutdown()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(pid) for pid in started):
+        time.sleep(0.1)
+    assert not [pid for pid in started if _running(pid)], "the kernel's helpers outlived its worker"
+
+
 def test_a_leaked_thread_neither_keeps_the_harness_alive_nor_goes_unsaid(tmp_path):
     proc = harness(tmp_path, "check", "--family", "linear_scan", "--kernel", f"{KERNELS}:leaks_thread",
                    "--profile", "ci", "--dtypes", "float32", "--max-length", "32", "--max-examples", "3",
