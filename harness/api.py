@@ -18,6 +18,7 @@ from harness.errors import DivergenceError, InvalidArgument
 from harness.kernels.contract import ALL_DTYPES, Capabilities, Family, KernelSpec
 
 #: Verdicts that fail a check; out_of_domain is a finding about the inputs, not the kernel.
+from harness.signatures import capabilities_from_signature  # noqa: E402
 from harness.records import FAILING_VERDICTS  # noqa: E402 - one definition, re-exported here
 
 #: Seconds the shrink phase may take after the first failure (hypothesis's own limit is 300 s per
@@ -49,9 +50,13 @@ def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | 
     if not callable(obj):
         raise InvalidArgument(f"kernel={target!r} is a {type(obj).__name__}, which is not callable")
     label = name or (target if isinstance(target, str) else getattr(obj, "__qualname__", "kernel"))
+    notes: list[str] = []
+    if capabilities is None:  # undeclared: what its signature says it takes (harness.signatures)
+        capabilities, notes = capabilities_from_signature(obj, family)
     return KernelSpec(name=f"user.{label}" if not str(label).startswith("user.") else str(label),
                       family=Family.parse(family), load=lambda: obj,
-                      capabilities=capabilities or Capabilities(devices=("cpu", "cuda")), source="user")
+                      capabilities=replace(capabilities, notes="; ".join(notes)) if notes else capabilities,
+                      source="user")
 
 
 @dataclass
@@ -223,7 +228,13 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             judgement = Judgement(Verdict(record["verdict"]), record["why"], "final_state")
         elif record.get("why"):  # the run's why: it carries the counterfactuals (eps, float64, future leak)
             judgement = Judgement(judgement.verdict, record["why"], judgement.rule)
-        return DivergenceError(format_failure(record, judgement, replay=replay))
+        message = format_failure(record, judgement, replay=replay)
+        problem = problem_of.get(record.get("case"))
+        if record["verdict"] == "kernel_error" and problem is not None:  # what it was handed, not only the output
+            lines = message.split("\n")
+            at = next((i for i, line in enumerate(lines) if line.startswith("Replay:")), len(lines))
+            message = "\n".join(lines[:at] + [f"Call: {problem.describe_call()}"] + lines[at:])
+        return DivergenceError(message)
 
     @settings(settings.get_profile(profile), max_examples=examples)
     @given(problems(spec, dtypes=dtypes, device=device, max_length=max_length, profile=profile))

@@ -229,7 +229,9 @@ def cmd_check(args) -> int:
 
     targets = _check_targets(args)
     for target, family in targets:  # a bad target is a usage error before any directory is made
-        user_kernel_spec(target, family=family)
+        spec = user_kernel_spec(target, family=family)
+        if spec.source == "user" and spec.capabilities.notes:  # e.g. what its signature left out
+            print(f"{spec.name}: {spec.capabilities.notes}")
     shard = Shard.parse(args.shard) if args.shard else None
     units = _check_units(targets, args.dtypes, args.device, shard)
     project = _project(args)

@@ -264,6 +264,24 @@ class Problem:
         """Keyword arguments besides the tensors (selective_scan's flag, eps, chunk_size)."""
         return self.definition.call_kwargs(self)
 
+    def describe_call(self) -> str:
+        """The kernel call this problem makes, tensors by shape: ``fn(u (2, 3, 5), ..., delta_softplus=True)``.
+
+        What a kernel that raised or returned the wrong shape was handed (grouped B and C, a chunk size,
+        an option it does not take), which the case's output shape alone does not say."""
+        shapes = self.shapes()
+        meta = {name: torch.empty(shape, dtype=self.torch_dtype, device="meta") for name, shape in shapes.items()}
+        args, kwargs = self.definition.call_args(self, meta, dict(self.call_kwargs()))
+
+        def show(value: Any) -> str:
+            return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}" \
+                if isinstance(value, torch.Tensor) else repr(value)
+
+        names = {id(t): n for n, t in meta.items()}
+        parts = [f"{names.get(id(a), 'arg')} {show(a)}" if isinstance(a, torch.Tensor) else show(a) for a in args]
+        parts += [f"{k}={show(v)}" for k, v in kwargs.items()]
+        return f"fn({', '.join(parts)})"
+
 
 # the generators' helpers, kept under their old names for callers that import them from here
 _randn, _uniform = randn, uniform

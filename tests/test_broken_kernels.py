@@ -181,3 +181,14 @@ def test_check_message_names_the_contract_violation(tmp_path_factory):
     kernel, result = _check("raises", tmp_path_factory)
     assert "kernel_error" in result.message, result.message
     assert kernel.outcome.value in result.message and "planted failure" in result.message, result.message
+
+
+def test_check_message_shows_what_the_kernel_was_handed(tmp_path_factory):
+    """A kernel that raised gets the call it was given, tensors by shape and dtype, before the replay line."""
+    kernel, result = _check("raises", tmp_path_factory)
+    lines = result.message.splitlines()
+    call = next(line for line in lines if line.startswith("Call: "))
+    p = result.failure
+    shape = f"({p['batch']}, {p['dim']}, {p['length']}) float32"
+    assert call == f"Call: fn(a {shape}, b {shape})", call
+    assert lines.index(call) < next(i for i, line in enumerate(lines) if line.startswith("Replay:"))

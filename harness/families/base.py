@@ -63,6 +63,10 @@ class FamilyDef:
         linear_input: an input the output is linear in, laid out along the output's length axis (a
             scan's ``b`` or ``u``, retention's ``v``): flipping its sign after position t leaves every
             output at or before t of a causal kernel unchanged (`harness.runner`'s future-leak probe).
+        option_keywords: the keyword arguments passed only to a kernel that declares
+            `Capabilities.selective_options` (the selective scan's D, z, bias and softplus flag).
+        chunk_positional: ``chunk_size`` is a positional argument of the family's signature (mamba-ssm's
+            ``mamba_chunk_scan_combined``), not an optional keyword.
     """
 
     family: Family
@@ -74,6 +78,8 @@ class FamilyDef:
     has_convention: bool = False
     takes_eps: bool = False
     linear_input: str | None = None
+    option_keywords: tuple[str, ...] = ()
+    chunk_positional: bool = False
 
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:

@@ -16,6 +16,7 @@ class SelectiveScan(FamilyDef):
     family = Family.SELECTIVE_SCAN
     arg_order = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     linear_input = "u"
+    option_keywords = (*_OPTIONAL, "delta_softplus")
     regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable")
     grad_inputs = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     length_axis = -1

@@ -44,6 +44,8 @@ class SSD(StatefulFamily):
     family = Family.SSD
     arg_order = ("x", "dt", "A", "B", "C")
     linear_input = "x"
+    option_keywords = ("D", "z", "dt_bias", "dt_softplus")
+    chunk_positional = True
     regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
     length_axis = 1

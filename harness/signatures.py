@@ -1,0 +1,70 @@
+"""What a plain user kernel supports, read from its Python signature.
+
+A kernel named on the command line as ``file.py:fn`` or ``module:fn`` declares nothing; a `KernelSpec`
+declares its `Capabilities`. Without a declaration the harness used the defaults, which hand a selective
+scan D, z, a bias and the softplus flag and hand an SSD kernel no chunk size: a correct selective scan
+without those options, or an SSD kernel written to the family's own signature (``chunk_size`` its sixth,
+required argument), then failed every case with ``TypeError`` and was reported as a ``kernel_error``.
+The signature says what the kernel takes, so it is read (`capabilities_from_signature`):
+
+- a family's optional keywords (`FamilyDef.option_keywords`): all of them drawn only where the signature
+  names every one (or takes ``**kwargs``); a kernel that names only some of them gets none;
+- ``chunk_size``: a required one is handed the chunk sizes every chunked kernel supports (powers of two
+  from 16, what Triton's ``tl.dot`` blocks allow), a default one that default only (the kernel's own
+  choice, now known to the harness: its bound then carries the chunk-form term of the gated families
+  and the selective scan); an SSD kernel whose signature cannot be read (``*args``) is handed one, as the
+  family's signature says.
+
+Nothing else is inferred: a kernel that takes more (other chunk sizes, initial states, packed sequences)
+says so in a `KernelSpec` (``harness check --kernel file.py:SPEC``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+from typing import Callable
+
+from harness.kernels.contract import Capabilities, Family
+
+#: Chunk sizes handed to a kernel whose signature requires ``chunk_size`` and declares no others.
+REQUIRED_CHUNK_SIZES = (16, 32, 64)
+
+
+def capabilities_from_signature(fn: Callable, family: Family | str,
+                                base: Capabilities | None = None) -> tuple[Capabilities, list[str]]:
+    """``base`` (the defaults for a user kernel) as far as ``fn``'s signature allows, and one line per
+    inference that changed it (for the user: what is not drawn, and why)."""
+    from harness import families
+
+    fam = families.get(Family.parse(family))
+    caps = base or Capabilities(devices=("cpu", "cuda"))
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or an extension type without a signature: nothing to read
+        return caps, []
+    kinds = {p.kind for p in params.values()}
+    open_keywords = inspect.Parameter.VAR_KEYWORD in kinds
+    open_positional = inspect.Parameter.VAR_POSITIONAL in kinds
+    notes = []
+    missing = [n for n in fam.option_keywords if n not in params]
+    if missing and not open_keywords and caps.selective_options:
+        caps = replace(caps, selective_options=False)
+        notes.append(f"its signature takes no {', '.join(missing)}: cases without "
+                     f"{', '.join(fam.option_keywords)} only")
+    chunk = params.get("chunk_size")
+    sizes = None
+    if chunk is not None and chunk.default is inspect.Parameter.empty:
+        sizes = REQUIRED_CHUNK_SIZES
+        notes.append(f"its signature requires chunk_size: chunk sizes {', '.join(map(str, sizes))} are drawn")
+    elif chunk is not None and type(chunk.default) is int and chunk.default >= 1:
+        sizes = (chunk.default,)
+        notes.append(f"its signature defaults chunk_size to {chunk.default}: that chunk size is passed, and the "
+                     "bound carries the chunk form's term for it")
+    elif chunk is None and fam.chunk_positional and open_positional:
+        sizes = REQUIRED_CHUNK_SIZES
+        notes.append(f"its signature cannot be read (*args) and the family's takes chunk_size: chunk sizes "
+                     f"{', '.join(map(str, sizes))} are drawn")
+    if sizes is not None and caps.chunk_sizes is None:
+        caps = replace(caps, chunk_sizes=sizes)
+    return caps, notes

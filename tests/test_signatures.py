@@ -1,0 +1,98 @@
+"""A plain user kernel is driven as its signature allows (`harness.signatures`).
+
+Without the inference, the two correct kernels below failed every case with ``TypeError`` and were
+reported as ``kernel_error``: an SSD kernel written to the family's own signature (``chunk_size`` required)
+and a selective scan that takes no D, z, bias or softplus flag.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import check
+from harness.api import user_kernel_spec
+from harness.kernels import registry
+from harness.kernels.contract import Capabilities
+from harness.signatures import REQUIRED_CHUNK_SIZES, capabilities_from_signature
+
+ROOT = Path(__file__).resolve().parents[1]
+_SSD = registry.get("intree.ssd_chunk").callable()
+_SELECTIVE = registry.get("intree.sequential_selective_scan").callable()
+
+
+def ssd_as_documented(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """The README's SSD signature, chunk_size required and positional."""
+    assert chunk_size in REQUIRED_CHUNK_SIZES, chunk_size
+    return _SSD(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
+
+
+def selective_without_options(u, delta, A, B, C):
+    return _SELECTIVE(u, delta, A, B, C)
+
+
+def chunked_with_default(q, k, v, g, chunk_size=32):
+    return registry.get("intree.simple_gla_chunk").callable()(q, k, v, g, chunk_size=chunk_size)
+
+
+def takes_anything(*args, **kwargs):
+    return _SSD(*args, **kwargs)
+
+
+def test_a_required_chunk_size_is_handed_the_chunk_sizes_every_chunked_kernel_supports():
+    caps, notes = capabilities_from_signature(ssd_as_documented, "ssd")
+    assert caps.chunk_sizes == REQUIRED_CHUNK_SIZES and caps.selective_options
+    assert notes == ["its signature requires chunk_size: chunk sizes 16, 32, 64 are drawn"]
+
+
+def test_an_ssd_kernel_written_to_the_family_signature_passes_check():
+    result = check(ssd_as_documented, family="ssd", profile="dev", dtypes=("float64",), max_examples=8,
+                   max_length=96, grad=False, save_counterexample=False)
+    assert result.passed, result.message
+    assert {r["chunk_size"] for r in result.records} <= set(REQUIRED_CHUNK_SIZES)
+    assert len(result.records) >= 4
+
+
+def test_missing_option_keywords_mean_cases_without_them():
+    caps, notes = capabilities_from_signature(selective_without_options, "selective_scan")
+    assert caps.selective_options is False and caps.chunk_sizes is None
+    assert "takes no D, z, delta_bias, delta_softplus" in notes[0]
+    result = check(selective_without_options, family="selective_scan", profile="dev", dtypes=("float64",),
+                   max_examples=8, max_length=64, grad=False, save_counterexample=False)
+    assert result.passed, result.message
+
+
+def test_a_default_chunk_size_is_passed_so_the_bound_knows_it():
+    caps, notes = capabilities_from_signature(chunked_with_default, "simple_gla")
+    assert caps.chunk_sizes == (32,) and "defaults chunk_size to 32" in notes[0]
+
+
+@pytest.mark.parametrize("family", ["ssd", "selective_scan"])
+def test_an_unreadable_or_open_signature_keeps_the_defaults_except_ssd_s_chunk(family):
+    caps, notes = capabilities_from_signature(takes_anything, family)
+    assert caps.selective_options  # **kwargs: it may take every option
+    assert caps.chunk_sizes == (REQUIRED_CHUNK_SIZES if family == "ssd" else None)
+    assert capabilities_from_signature(torch.add, family) == (Capabilities(devices=("cpu", "cuda")), [])  # no signature
+
+
+def test_a_full_signature_and_a_declaration_are_left_as_they_are():
+    assert capabilities_from_signature(_SELECTIVE, "selective_scan") == (Capabilities(devices=("cpu", "cuda")), [])
+    declared = Capabilities(dtypes=("float32",))
+    spec = user_kernel_spec(selective_without_options, family="selective_scan", capabilities=declared)
+    assert spec.capabilities is declared
+
+
+def test_check_says_what_the_signature_left_out(tmp_path):
+    kernel = tmp_path / "mine.py"
+    kernel.write_text("from tests.test_signatures import selective_without_options as scan\n")
+    proc = subprocess.run([sys.executable, "-m", "harness", "check", "--family", "selective_scan", "--kernel",
+                           f"{kernel}:scan", "--profile", "dev", "--dtypes", "float32", "--max-examples", "3",
+                           "--max-length", "16", "--no-grad", "--in-process", "--report-dir", "run"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert ("user." + str(kernel) + ":scan: its signature takes no D, z, delta_bias, delta_softplus") in proc.stdout
