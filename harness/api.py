@@ -230,7 +230,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             judgement = Judgement(judgement.verdict, record["why"], judgement.rule)
         message = format_failure(record, judgement, replay=replay)
         problem = problem_of.get(record.get("case"))
-        if record["verdict"] == "kernel_error" and problem is not None:  # what it was handed, not only the output
+        if problem is not None:  # what the kernel was handed (grouped B and C, a chunk size, a state), not only the output
             lines = message.split("\n")
             at = next((i for i, line in enumerate(lines) if line.startswith("Replay:")), len(lines))
             message = "\n".join(lines[:at] + [f"Call: {problem.describe_call()}"] + lines[at:])

@@ -9,14 +9,17 @@ The signature says what the kernel takes, so it is read (`capabilities_from_sign
 
 - a family's optional keywords (`FamilyDef.option_keywords`): all of them drawn only where the signature
   names every one (or takes ``**kwargs``); a kernel that names only some of them gets none;
+- the gated families' initial state and final-state flag (`FamilyDef.state_keywords`): a kernel whose
+  signature names them is handed initial states and has its final state measured, as the family's
+  signature documents them;
 - ``chunk_size``: a required one is handed the chunk sizes every chunked kernel supports (powers of two
   from 16, what Triton's ``tl.dot`` blocks allow), a default one that default only (the kernel's own
   choice, now known to the harness: its bound then carries the chunk-form term of the gated families
   and the selective scan); an SSD kernel whose signature cannot be read (``*args``) is handed one, as the
   family's signature says.
 
-Nothing else is inferred: a kernel that takes more (other chunk sizes, initial states, packed sequences)
-says so in a `KernelSpec` (``harness check --kernel file.py:SPEC``).
+Nothing else is inferred: a kernel that takes more (other chunk sizes, packed sequences, grouped B and C
+left out) says so in a `KernelSpec` (``harness check --kernel file.py:SPEC``).
 """
 
 from __future__ import annotations
@@ -52,6 +55,16 @@ def capabilities_from_signature(fn: Callable, family: Family | str,
         caps = replace(caps, selective_options=False)
         notes.append(f"its signature takes no {', '.join(missing)}: cases without "
                      f"{', '.join(fam.option_keywords)} only")
+    if fam.state_keywords is not None:
+        initial, final = fam.state_keywords
+        takes = {"initial_state": initial in params and not caps.initial_state,
+                 "final_state": final in params and not caps.final_state}
+        if any(takes.values()):
+            caps = replace(caps, **{k: True for k, v in takes.items() if v})
+            named = [n for n, field in ((initial, "initial_state"), (final, "final_state")) if takes[field]]
+            notes.append(f"its signature takes {' and '.join(named)}: cases with "
+                         + " and ".join(w for w, field in (("an initial state", "initial_state"),
+                                                           ("the final state checked", "final_state")) if takes[field]))
     chunk = params.get("chunk_size")
     sizes = None
     if chunk is not None and chunk.default is inspect.Parameter.empty:

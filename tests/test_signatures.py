@@ -96,3 +96,34 @@ def test_check_says_what_the_signature_left_out(tmp_path):
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert ("user." + str(kernel) + ":scan: its signature takes no D, z, delta_bias, delta_softplus") in proc.stdout
+
+
+_GLA = registry.get("intree.gla_recurrent").callable()
+
+
+def gla_as_documented(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    return _GLA(q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+
+
+def gla_ignoring_its_initial_state(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    return _GLA(q, k, v, g, scale=scale, output_final_state=output_final_state)
+
+
+def test_a_gated_signature_with_the_state_keywords_gets_states():
+    caps, notes = capabilities_from_signature(gla_as_documented, "gla")
+    assert caps.initial_state and caps.final_state and not caps.varlen
+    assert notes == ["its signature takes initial_state and output_final_state: cases with an initial state and "
+                     "the final state checked"]
+    result = check(gla_as_documented, family="gla", profile="dev", dtypes=("float64",), max_examples=10,
+                   max_length=48, grad=False, save_counterexample=False)
+    assert result.passed, result.message
+    assert any(r.get("has_initial_state") for r in result.records)
+    assert any(r.get("final_state") for r in result.records)
+
+
+def test_a_kernel_that_ignores_the_initial_state_it_takes_is_caught():
+    result = check(gla_ignoring_its_initial_state, family="gla", profile="dev", dtypes=("float64",),
+                   max_examples=20, max_length=48, grad=False, save_counterexample=False)
+    assert not result.passed and result.failure["cause"] == "kernel_bug"
+    assert result.failure["has_initial_state"]
+    assert "Call: fn(q (" in result.message and "initial_state=(" in result.message, result.message

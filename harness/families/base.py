@@ -67,6 +67,8 @@ class FamilyDef:
             `Capabilities.selective_options` (the selective scan's D, z, bias and softplus flag).
         chunk_positional: ``chunk_size`` is a positional argument of the family's signature (mamba-ssm's
             ``mamba_chunk_scan_combined``), not an optional keyword.
+        state_keywords: the gated families' (initial state, final-state flag) keyword names, passed to a
+            kernel that declares `Capabilities.initial_state` / `Capabilities.final_state`.
     """
 
     family: Family
@@ -80,6 +82,7 @@ class FamilyDef:
     linear_input: str | None = None
     option_keywords: tuple[str, ...] = ()
     chunk_positional: bool = False
+    state_keywords: tuple[str, str] | None = None
 
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:

@@ -93,6 +93,7 @@ class StatefulFamily(FamilyDef):
 class SimpleGLA(StatefulFamily):
     family = Family.SIMPLE_GLA
     arg_order = ("q", "k", "v", "g")
+    state_keywords = ("initial_state", "output_final_state")
     linear_input = "v"
     regimes = ("trained", "long_memory", "strong_decay", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("q", "k", "v", "g", "initial_state")

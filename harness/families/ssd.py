@@ -46,6 +46,7 @@ class SSD(StatefulFamily):
     linear_input = "x"
     option_keywords = ("D", "z", "dt_bias", "dt_softplus")
     chunk_positional = True
+    state_keywords = ("initial_states", "return_final_states")
     regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
     length_axis = 1
