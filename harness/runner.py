@@ -8,7 +8,8 @@ One case: `Problem.make_inputs` -> the float64 oracle's `Trace` -> the kernel, c
 ``cause`` answers the question the seed threads asked, in one word: ``rounding`` (equivalent),
 ``kernel_bug`` (divergent), ``eps_effect`` (divergent through the norm's eps only: the same case at
 eps = 0 is equivalent), ``precision_loss`` (divergent in a low precision, equivalent on the same inputs
-in float64: the algorithm is right and loses digits a plain loop in that dtype keeps),
+in float64: the algorithm is right and loses digits a plain loop in that dtype keeps), ``tf32``
+(divergent in float32, equivalent when the kernel's Triton dots run in IEEE float32 instead of TF32),
 ``input_overflow`` (out_of_domain: the inputs overflow the dtype), ``precision_exhausted``
 (out_of_domain: no digit of the output is guaranteed in the dtype), or the contract outcome of a kernel
 error.
@@ -118,6 +119,8 @@ class RunOptions:
     precision_counterfactual: bool = True
     # re-run a divergent case with the later inputs changed to tell a future leak (`_future_leak`)
     future_leak_probe: bool = True
+    # re-call a divergent float32 kernel with IEEE float32 Triton dots to name TF32 (`_ieee_dots`)
+    tf32_counterfactual: bool = True
     isolation: str = field(default_factory=isolation.default_isolation)
     oracle_cache: Any = None  # a harness.oracle_cache.OracleCache shared by the run's cases, or None
 
@@ -221,7 +224,7 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
         zero = run_case(spec, problem.replace(eps=0.0),
                         RunOptions(options.policy, options.timeout_s, check_determinism=False,
                                    eps_counterfactual=False, precision_counterfactual=False, future_leak_probe=False,
-                                   isolation=options.isolation), kernel_fn=kernel_fn)
+                                   tf32_counterfactual=False, isolation=options.isolation), kernel_fn=kernel_fn)
         timings["t_eps0"] = time.perf_counter() - t0
         record["eps0_cond_max"] = zero.get("cond_max")
         if zero["verdict"] == Verdict.EQUIVALENT.value:
@@ -236,6 +239,13 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
         if leak is not None:
             record["future_leak"] = True
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {leak}", judgement.rule)
+    if (cause == "kernel_bug" and not record.get("future_leak") and options.tf32_counterfactual
+            and precision == "float32" and not problem.tf32):
+        t0 = time.perf_counter()
+        found = _ieee_dots(spec, problem, inputs, result.output, traces, baselines, options, kernel_fn, worker, record)
+        timings["t_ieee_dots"] = time.perf_counter() - t0
+        if found is not None:
+            cause, judgement = "tf32", Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
     if (cause == "kernel_bug" and not record.get("future_leak") and options.precision_counterfactual
             and spec.capabilities.runs("float64" if precision != "float64" else "float32", problem.device) is None):
         t0 = time.perf_counter()
@@ -250,14 +260,53 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
 
 
 def _call_kernel(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], options: RunOptions,
-                 kernel_fn: Callable | None, worker: Any, check_determinism: bool):
+                 kernel_fn: Callable | None, worker: Any, check_determinism: bool, float32_dots: str | None = None):
     """One guarded call of the kernel on ``inputs`` (`harness.kernels.guard.call_guarded`)."""
     fn = kernel_fn if kernel_fn is not None else spec.callable()
     args, kwargs = call_args(problem, inputs, spec)
     with tf32_mode(problem.tf32), torch.no_grad():
         return call_guarded(fn, args, kwargs, expected_shape=output_shape(problem),
                             expected_dtype=problem.torch_dtype, expected_device=inputs[next(iter(inputs))].device,
-                            timeout_s=options.timeout_s, check_determinism=check_determinism, worker=worker)
+                            timeout_s=options.timeout_s, check_determinism=check_determinism, worker=worker,
+                            float32_dots=float32_dots)
+
+
+def _ieee_dots(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], output: torch.Tensor,
+               traces: dict[str, Any], baselines: dict[str, Any] | None, options: RunOptions,
+               kernel_fn: Callable | None, worker: Any, record: dict[str, Any]) -> str | None:
+    """Whether a divergent float32 case is TF32's doing: the why's clause if so, else None.
+
+    Triton's float32 ``tl.dot`` runs in TF32 by default (the operands' low 13 fraction bits dropped; the
+    corrected interpreter does the same, `harness.kernels.triton_interpreter`), so a float32 Triton kernel
+    that names no ``input_precision`` errs about 8,192 times float32's rounding: not an algebraic mistake,
+    and not what a float32 bound allows. The kernel is called once more, on copies of the same inputs,
+    with IEEE float32 dots (`harness.kernels.isolation.float32_dots`); a kernel without Triton dots returns
+    the same bits and nothing is said. Where the IEEE output (and final state) is equivalent, the case's
+    error is TF32's: the record keeps its verdict (the kernel does err beyond float32's bound), with
+    ``ieee_dots_cond_max``, and the cause becomes ``tf32``.
+    """
+    from harness.metrics import measure
+
+    result = _call_kernel(spec, problem, {k: v.clone() for k, v in inputs.items()}, options, kernel_fn, worker,
+                          False, float32_dots="ieee")
+    if not result.ok or isolation.same_bits(result.output, output):
+        return None
+    outputs = problem.definition.split_output(problem, (result.output, *result.extras))
+    baseline = None if baselines is None else baselines["output"]
+    div = measure(outputs["output"], traces["output"], dtype="float32", baseline=baseline,
+                  length_axis=problem.length_axis, cond_threshold=options.policy.cond_threshold,
+                  function_room=problem.function_room)
+    judgement = judge(div, options.policy)
+    if "final_state" in traces:
+        judgement = _final_state(problem, traces["final_state"], outputs.get("final_state"),
+                                 None if baselines is None else baselines.get("final_state"),
+                                 "float32", options, {}, judgement)
+    record["ieee_dots_cond_max"] = div.cond_max
+    if judgement.verdict is not Verdict.EQUIVALENT:
+        return None
+    return (f"TF32: the same call with IEEE float32 Triton dots is equivalent (cond_max {div.cond_max:.3g}): its "
+            "float32 tl.dot run in TF32, Triton's default; pass input_precision='ieee' to tl.dot, or declare "
+            "Capabilities(computes_in={'float32': 'tf32_rz'}) (Triton's TF32 truncates)")
 
 
 #: The share of a divergent output's error before its first mismatch that must move, when only later
@@ -366,7 +415,8 @@ def _rerun_in(dtype: str, spec: KernelSpec, problem: Problem, inputs: dict[str, 
     moved = {k: v.to(DTYPE_NAMES[dtype]) if v.is_floating_point() else v for k, v in inputs.items()}
     return run_case(spec, problem.replace(dtype=dtype, tf32=False),
                     RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
-                               precision_counterfactual=False, future_leak_probe=False, isolation=options.isolation),
+                               precision_counterfactual=False, future_leak_probe=False, tf32_counterfactual=False,
+                               isolation=options.isolation),
                     kernel_fn=kernel_fn, inputs=moved)
 
 

@@ -124,15 +124,22 @@ def _run_with_timeout(fn: Callable[[], Any], timeout_s: float | None) -> tuple[s
 
 
 def execute(fn: Callable, args: tuple, kwargs: dict[str, Any], timeout_s: float | None, *,
-            worker: "isolation.KernelRef | None" = None) -> tuple[str, Any, str]:
+            worker: "isolation.KernelRef | None" = None, float32_dots: str | None = None) -> tuple[str, Any, str]:
     """One call of the kernel: ``(status, value, note)``, in ``worker``'s process or on a thread here.
 
     status: ``ok`` (value: the output), ``value`` (not a tensor; value: its type name), ``raised``
-    (value: the exception), ``timeout``, ``crashed`` (value: how the worker died).
+    (value: the exception), ``timeout``, ``crashed`` (value: how the worker died). ``float32_dots``: the
+    Triton float32 dot precision the call runs under (`isolation.float32_dots`).
     """
     if worker is not None:
-        return isolation.run(worker, "call", args, kwargs, grad=torch.is_grad_enabled(), timeout_s=timeout_s)
-    status, value = _run_with_timeout(lambda: fn(*args, **kwargs), timeout_s)
+        return isolation.run(worker, "call", args, kwargs, grad=torch.is_grad_enabled(), extra=float32_dots,
+                             timeout_s=timeout_s)
+
+    def call():
+        with isolation.float32_dots(float32_dots):
+            return fn(*args, **kwargs)
+
+    status, value = _run_with_timeout(call, timeout_s)
     if status == "ok" and not isinstance(value, torch.Tensor):
         out = isolation.kernel_outputs(value)  # (output, final state, ...): kept whole
         if out is None:
@@ -152,6 +159,7 @@ def call_guarded(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
     check_determinism: bool = False,
     worker: "isolation.KernelRef | None" = None,
+    float32_dots: str | None = None,
 ) -> CallResult:
     """Call ``fn(*args, **kwargs)`` (in ``worker``'s process when given) and check the contract on the output."""
     snapshots = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
@@ -159,7 +167,7 @@ def call_guarded(
     if worker is not None:
         isolation.warm(worker)  # a worker's start is not the kernel's time
     start = time.perf_counter()
-    status, value, note = execute(fn, args, kwargs, timeout_s, worker=worker)
+    status, value, note = execute(fn, args, kwargs, timeout_s, worker=worker, float32_dots=float32_dots)
     seconds = time.perf_counter() - start
     if status == "timeout":
         return CallResult(Outcome.TIMEOUT, None, f"no result after {timeout_s:g} s", seconds, note)
@@ -189,7 +197,7 @@ def call_guarded(
         return CallResult(Outcome.WRONG_DEVICE, value,
                           f"returned device {value.device}, expected {expected_device}", seconds, note)
     if check_determinism:
-        status2, value2, note2 = execute(fn, args, kwargs, timeout_s, worker=worker)
+        status2, value2, note2 = execute(fn, args, kwargs, timeout_s, worker=worker, float32_dots=float32_dots)
         note = note or note2
         if status2 == "timeout":
             return CallResult(Outcome.TIMEOUT, None, f"the second call (determinism check) gave no result after "

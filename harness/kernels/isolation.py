@@ -299,6 +299,20 @@ def _unpack(value, arena: Arena, *, copy: bool):
     return value
 
 
+@contextlib.contextmanager
+def float32_dots(precision: str | None):
+    """Run the block with Triton's float32 ``tl.dot`` default input precision set to ``precision`` (``"ieee"``:
+    plain float32 products instead of TF32), where a kernel has loaded triton; else (None, or no triton in
+    this process) it changes nothing. The runner's TF32 counterfactual calls a kernel under it."""
+    if precision is None or "triton" not in sys.modules:
+        yield
+        return
+    from harness.kernels.triton_interpreter import dot_input_precision
+
+    with dot_input_precision(precision):
+        yield
+
+
 def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the worker process
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.dup2(fd, 1)
@@ -330,8 +344,8 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
         op, grad, args, kwargs, extra, cursor = msg
         args, kwargs, extra = _unpack((args, kwargs, extra), arena, copy=False)
         try:
-            if op == "call":
-                with torch.set_grad_enabled(grad):
+            if op == "call":  # extra: the float32 dot precision to run under (`float32_dots`), or None
+                with torch.set_grad_enabled(grad), float32_dots(extra):
                     value = fn(*args, **kwargs)
                 out = kernel_outputs(value)
                 reply = ("ok", out) if out is not None else ("value", type(value).__name__)

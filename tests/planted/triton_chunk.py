@@ -87,3 +87,14 @@ def chunk_retention_boundary_bug(q, k, v, chunk_size: int = 16) -> torch.Tensor:
 
 def chunk_retention_tf32(q, k, v, chunk_size: int = 16) -> torch.Tensor:
     return _launch(q, k, v, chunk_size, False, "tf32")
+
+
+def chunk_retention_default_dots(q, k, v, chunk_size: int = 16) -> torch.Tensor:
+    """Correct, its dots left at Triton's default precision (TF32 on a GPU, and in the corrected
+    interpreter), as most float32 Triton kernels are written."""
+    return _launch(q, k, v, chunk_size, False, None)
+
+
+def chunk_retention_default_dots_boundary_bug(q, k, v, chunk_size: int = 16) -> torch.Tensor:
+    """The boundary bug with default-precision dots: TF32 is not its only error."""
+    return _launch(q, k, v, chunk_size, True, None)
