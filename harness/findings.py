@@ -40,6 +40,7 @@ CAUSE_PHRASES: dict[str, str] = {
     "precision_loss": "the algorithm is right and loses digits a plain loop keeps",
     "precision_exhausted": "no digit is guaranteed in the dtype",
     "tf32": "its float32 dots run in TF32 (Triton's default); IEEE dots are equivalent",
+    "chunk_rounding": "within a chunked form's bound: declare the chunk size",
     "input_overflow": "the inputs overflow the dtype",
     "raised": "the kernel raised",
     "timeout": "the kernel did not return in time",

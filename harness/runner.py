@@ -10,6 +10,7 @@ One case: `Problem.make_inputs` -> the float64 oracle's `Trace` -> the kernel, c
 eps = 0 is equivalent), ``precision_loss`` (divergent in a low precision, equivalent on the same inputs
 in float64: the algorithm is right and loses digits a plain loop in that dtype keeps), ``tf32``
 (divergent in float32, equivalent when the kernel's Triton dots run in IEEE float32 instead of TF32),
+``chunk_rounding`` (divergent, within a chunked form's bound for a kernel that declares no chunk size),
 ``input_overflow`` (out_of_domain: the inputs overflow the dtype), ``precision_exhausted``
 (out_of_domain: no digit of the output is guaranteed in the dtype), or the contract outcome of a kernel
 error.
@@ -121,6 +122,8 @@ class RunOptions:
     future_leak_probe: bool = True
     # re-call a divergent float32 kernel with IEEE float32 Triton dots to name TF32 (`_ieee_dots`)
     tf32_counterfactual: bool = True
+    # judge an undeclared kernel's divergent gated/selective case against a chunked form's bound (`_chunked_bound`)
+    chunk_counterfactual: bool = True
     isolation: str = field(default_factory=isolation.default_isolation)
     oracle_cache: Any = None  # a harness.oracle_cache.OracleCache shared by the run's cases, or None
 
@@ -224,7 +227,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
         zero = run_case(spec, problem.replace(eps=0.0),
                         RunOptions(options.policy, options.timeout_s, check_determinism=False,
                                    eps_counterfactual=False, precision_counterfactual=False, future_leak_probe=False,
-                                   tf32_counterfactual=False, isolation=options.isolation), kernel_fn=kernel_fn)
+                                   tf32_counterfactual=False, chunk_counterfactual=False, isolation=options.isolation),
+                        kernel_fn=kernel_fn)
         timings["t_eps0"] = time.perf_counter() - t0
         record["eps0_cond_max"] = zero.get("cond_max")
         if zero["verdict"] == Verdict.EQUIVALENT.value:
@@ -246,6 +250,14 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
         timings["t_ieee_dots"] = time.perf_counter() - t0
         if found is not None:
             cause, judgement = "tf32", Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
+    if (cause == "kernel_bug" and not record.get("future_leak") and options.chunk_counterfactual
+            and problem.definition.chunk_term and problem.chunk_size is None and not spec.capabilities.takes_chunk):
+        t0 = time.perf_counter()
+        found = _chunked_bound(spec, problem, inputs, outputs, baselines, precision, options, record)
+        timings["t_chunked_bound"] = time.perf_counter() - t0
+        if found is not None:
+            cause, judgement = "chunk_rounding", Judgement(judgement.verdict, f"{judgement.why}; {found}",
+                                                           judgement.rule)
     if (cause == "kernel_bug" and not record.get("future_leak") and options.precision_counterfactual
             and spec.capabilities.runs("float64" if precision != "float64" else "float32", problem.device) is None):
         t0 = time.perf_counter()
@@ -285,23 +297,13 @@ def _ieee_dots(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tenso
     error is TF32's: the record keeps its verdict (the kernel does err beyond float32's bound), with
     ``ieee_dots_cond_max``, and the cause becomes ``tf32``.
     """
-    from harness.metrics import measure
-
     result = _call_kernel(spec, problem, {k: v.clone() for k, v in inputs.items()}, options, kernel_fn, worker,
                           False, float32_dots="ieee")
     if not result.ok or isolation.same_bits(result.output, output):
         return None
     outputs = problem.definition.split_output(problem, (result.output, *result.extras))
-    baseline = None if baselines is None else baselines["output"]
-    div = measure(outputs["output"], traces["output"], dtype="float32", baseline=baseline,
-                  length_axis=problem.length_axis, cond_threshold=options.policy.cond_threshold,
-                  function_room=problem.function_room)
-    judgement = judge(div, options.policy)
-    if "final_state" in traces:
-        judgement = _final_state(problem, traces["final_state"], outputs.get("final_state"),
-                                 None if baselines is None else baselines.get("final_state"),
-                                 "float32", options, {}, judgement)
-    record["ieee_dots_cond_max"] = div.cond_max
+    cond_max, judgement = _judge_outputs(problem, outputs, traces, baselines, "float32", options)
+    record["ieee_dots_cond_max"] = cond_max
     if judgement.verdict is not Verdict.EQUIVALENT:
         return None
     return (f"TF32: the same call with IEEE float32 Triton dots is equivalent (cond_max {div.cond_max:.3g}): its "
@@ -363,6 +365,55 @@ def _future_leak(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Ten
             f"up to {moved:.3g} (its error there: {error:.3g}); a causal kernel's would not move")
 
 
+def _judge_outputs(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
+                   baselines: dict[str, Any] | None, precision: str, options: RunOptions) -> tuple[float, Judgement]:
+    """(the output's cond_max, the judgement of every target) of a kernel's ``outputs`` against ``traces``:
+    what a counterfactual compares (another call of the kernel, or the same output against another bound)."""
+    from harness.metrics import measure
+
+    div = measure(outputs["output"], traces["output"], dtype=precision,
+                  baseline=None if baselines is None else baselines["output"], length_axis=problem.length_axis,
+                  tf32=problem.tf32, cond_threshold=options.policy.cond_threshold, function_room=problem.function_room)
+    judgement = judge(div, options.policy)
+    if "final_state" in traces:
+        judgement = _final_state(problem, traces["final_state"], outputs.get("final_state"),
+                                 None if baselines is None else baselines.get("final_state"),
+                                 precision, options, {}, judgement)
+    return div.cond_max, judgement
+
+
+#: The chunk size a kernel that declares none is judged at by `_chunked_bound`: the block of fla's chunk
+#: kernels and of most Triton chunk kernels.
+CHUNK_COUNTERFACTUAL = 64
+
+
+def _chunked_bound(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], outputs: dict[str, Any],
+                   baselines: dict[str, Any] | None, precision: str, options: RunOptions,
+                   record: dict[str, Any]) -> str | None:
+    """Whether a divergent case of a kernel that declares no chunk size is within a chunked form's bound:
+    the why's clause if so, else None.
+
+    A chunk form forms its decays as exp of differences of cumulative sums, which loses ``u`` times the
+    within-chunk log-decay mass (the oracle's chunk term, `reference_impls.gated_decay`); the bound
+    carries it only for a kernel whose chunk size the harness knows (declared, or read from its
+    signature, `harness.signatures`). A Triton chunk kernel with its block fixed inside (fla's
+    ``chunk_simple_gla`` named directly, a user's ``BT = 64``) declares none and is held to the loop's bound.
+    The same output is judged once more against the oracle's trace at chunk `CHUNK_COUNTERFACTUAL` (no
+    kernel call; the oracle once more): where that is equivalent, the cause is ``chunk_rounding`` and the
+    why says how to declare the chunk size. The verdict stays: the harness cannot know the kernel chunks.
+    """
+    chunked = problem.replace(chunk_size=CHUNK_COUNTERFACTUAL)
+    traces = reference_traces(chunked, inputs, spec.convention)
+    cond_max, judgement = _judge_outputs(chunked, outputs, traces, baselines, precision, options)
+    record["chunked_cond_max"] = cond_max
+    if judgement.verdict is not Verdict.EQUIVALENT:
+        return None
+    return (f"chunk rounding: within the bound of a chunked form with chunk {CHUNK_COUNTERFACTUAL} (cond_max "
+            f"{cond_max:.3g}), whose decays are exp of differences of cumulative sums; if the kernel chunks, "
+            "declare its chunk size (a chunk_size parameter, or Capabilities(chunk_sizes=...) in a KernelSpec) "
+            "and the bound carries that term")
+
+
 #: Verdicts from the worst down: the record of a case with several targets takes the worst.
 SEVERITY = (Verdict.KERNEL_ERROR, Verdict.DIVERGENT, Verdict.OUT_OF_DOMAIN, Verdict.EQUIVALENT)
 
@@ -416,7 +467,7 @@ def _rerun_in(dtype: str, spec: KernelSpec, problem: Problem, inputs: dict[str, 
     return run_case(spec, problem.replace(dtype=dtype, tf32=False),
                     RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
                                precision_counterfactual=False, future_leak_probe=False, tf32_counterfactual=False,
-                               isolation=options.isolation),
+                               chunk_counterfactual=False, isolation=options.isolation),
                     kernel_fn=kernel_fn, inputs=moved)
 
 

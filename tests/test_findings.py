@@ -242,7 +242,7 @@ def test_every_cause_the_runner_names_reads_as_a_phrase():
     import harness.runner as runner
     from harness.findings import CAUSE_PHRASES
 
-    named = set(re.findall(r'"(precision_loss|kernel_bug|eps_effect|rounding|tf32)"', Path(runner.__file__).read_text()))
+    named = set(re.findall(r'"(precision_loss|kernel_bug|eps_effect|rounding|tf32|chunk_rounding)"', Path(runner.__file__).read_text()))
     assert named and named <= set(CAUSE_PHRASES)
     assert {"precision_exhausted", "input_overflow"} <= set(CAUSE_PHRASES)  # the verdict's domain kinds
 

@@ -69,6 +69,9 @@ class FamilyDef:
             ``mamba_chunk_scan_combined``), not an optional keyword.
         state_keywords: the gated families' (initial state, final-state flag) keyword names, passed to a
             kernel that declares `Capabilities.initial_state` / `Capabilities.final_state`.
+        chunk_term: the oracle's bound carries a chunk-form term when the problem has a chunk size (decays
+            formed as exp of differences of cumulative sums within a chunk: the gated families and the
+            selective scan).
     """
 
     family: Family
@@ -83,6 +86,7 @@ class FamilyDef:
     option_keywords: tuple[str, ...] = ()
     chunk_positional: bool = False
     state_keywords: tuple[str, str] | None = None
+    chunk_term: bool = False
 
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:

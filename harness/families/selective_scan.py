@@ -17,6 +17,7 @@ class SelectiveScan(FamilyDef):
     arg_order = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     linear_input = "u"
     option_keywords = (*_OPTIONAL, "delta_softplus")
+    chunk_term = True
     regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable")
     grad_inputs = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     length_axis = -1

@@ -67,6 +67,8 @@ class StatefulFamily(FamilyDef):
     kernel), and a kernel's return value is split into the same targets.
     """
 
+    chunk_term = True
+
     @staticmethod
     def targets(p, t) -> dict[str, Any]:
         """``{"output": ..., "final_state": ...}`` of a `GatedTrace`, with the chunk term where chunked."""

@@ -1,0 +1,68 @@
+"""A chunk kernel that does not say it chunks is named for it (`harness.runner._chunked_bound`).
+
+A chunk form's decays are exp of differences of cumulative sums, which loses ``u`` times the within-chunk
+log-decay mass; the bound carries that term only for a kernel whose chunk size the harness knows. The
+in-tree simple GLA chunk form with its block fixed inside (as fla's ``chunk_simple_gla`` named directly,
+or a user's Triton kernel with ``BT = 64``) was ``kernel_bug`` on 24 of 24 strong- and uniform-decay
+cases at L = 40 and 130 (float32 and float64, seeds 1-3; cond 1.0 to 45), and is within the chunked
+bound on every one (cond 0.02 to 0.19).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.api import user_kernel_spec
+from harness.kernels import registry
+from harness.problems import Problem
+from harness.runner import CHUNK_COUNTERFACTUAL, RunOptions, run_case
+
+_CHUNK = registry.get("intree.simple_gla_chunk").callable()
+_LOOP = registry.get("intree.sequential_simple_gla").callable()
+
+
+def fixed_block(q, k, v, g):
+    """Correct: the chunk form with its chunk fixed inside, as a Triton kernel's block."""
+    return _CHUNK(q, k, v, g, chunk_size=CHUNK_COUNTERFACTUAL)
+
+
+def fixed_block_stale_decay(q, k, v, g):
+    """Wrong: every key decayed by one step too few (g shifted by one position)."""
+    shifted = g.clone()
+    shifted[:, 1:] = g[:, :-1]
+    return _CHUNK(q, k, v, shifted, chunk_size=CHUNK_COUNTERFACTUAL)
+
+
+def declared(q, k, v, g, chunk_size=CHUNK_COUNTERFACTUAL):
+    return _CHUNK(q, k, v, g, chunk_size=chunk_size)
+
+
+def _problem(dtype: str, seed: int = 1, length: int = 40, chunk_size: int | None = None) -> Problem:
+    return Problem(family="simple_gla", length=length, dtype=dtype, batch=1, heads=2, dk=4, dv=4,
+                   regime="strong_decay", seed=seed, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_an_undeclared_chunk_kernel_is_named_chunk_rounding(dtype):
+    record = run_case(user_kernel_spec(fixed_block, family="simple_gla"), _problem(dtype))
+    assert record["verdict"] == "divergent" and record["cause"] == "chunk_rounding", record["why"]
+    assert record["cond_max"] > 1 and record["chunked_cond_max"] < 1
+    assert f"within the bound of a chunked form with chunk {CHUNK_COUNTERFACTUAL}" in record["why"]
+    off = run_case(user_kernel_spec(fixed_block, family="simple_gla"), _problem(dtype),
+                   RunOptions(chunk_counterfactual=False, precision_counterfactual=False))
+    assert off["cause"] == "kernel_bug"
+
+
+def test_a_real_mistake_in_an_undeclared_chunk_kernel_stays_a_kernel_bug():
+    record = run_case(user_kernel_spec(fixed_block_stale_decay, family="simple_gla"), _problem("float64"))
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert record["chunked_cond_max"] > 1e6
+
+
+def test_a_declared_chunk_kernel_and_a_loop_are_not_judged_twice():
+    """The declared kernel (its chunk read from its signature) is held to its chunk's bound at once."""
+    spec = user_kernel_spec(declared, family="simple_gla")
+    assert spec.capabilities.chunk_sizes == (CHUNK_COUNTERFACTUAL,)
+    for spec, chunk in ((spec, CHUNK_COUNTERFACTUAL), (user_kernel_spec(_LOOP, family="simple_gla"), None)):
+        record = run_case(spec, _problem("float64", chunk_size=chunk))
+        assert record["verdict"] == "equivalent" and "chunked_cond_max" not in record, record["why"]
