@@ -243,17 +243,21 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
         if leak is not None:
             record["future_leak"] = True
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {leak}", judgement.rule)
+    chunked = None  # the oracle's traces at a chunk, for a kernel that declares none (`_chunked_bound`)
+    if (options.chunk_counterfactual and problem.definition.chunk_term and problem.chunk_size is None
+            and not spec.capabilities.takes_chunk):
+        chunked = _ChunkedTraces(spec, problem, inputs)
     if (cause == "kernel_bug" and not record.get("future_leak") and options.tf32_counterfactual
             and precision == "float32" and not problem.tf32):
         t0 = time.perf_counter()
-        found = _ieee_dots(spec, problem, inputs, result.output, traces, baselines, options, kernel_fn, worker, record)
+        found = _ieee_dots(spec, problem, inputs, result.output, traces, baselines, options, kernel_fn, worker, record,
+                           chunked)
         timings["t_ieee_dots"] = time.perf_counter() - t0
         if found is not None:
             cause, judgement = "tf32", Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
-    if (cause == "kernel_bug" and not record.get("future_leak") and options.chunk_counterfactual
-            and problem.definition.chunk_term and problem.chunk_size is None and not spec.capabilities.takes_chunk):
+    if cause == "kernel_bug" and not record.get("future_leak") and chunked is not None:
         t0 = time.perf_counter()
-        found = _chunked_bound(spec, problem, inputs, outputs, baselines, precision, options, record)
+        found = _chunked_bound(chunked, outputs, baselines, precision, options, record)
         timings["t_chunked_bound"] = time.perf_counter() - t0
         if found is not None:
             cause, judgement = "chunk_rounding", Judgement(judgement.verdict, f"{judgement.why}; {found}",
@@ -285,7 +289,8 @@ def _call_kernel(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Ten
 
 def _ieee_dots(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], output: torch.Tensor,
                traces: dict[str, Any], baselines: dict[str, Any] | None, options: RunOptions,
-               kernel_fn: Callable | None, worker: Any, record: dict[str, Any]) -> str | None:
+               kernel_fn: Callable | None, worker: Any, record: dict[str, Any],
+               chunked: "_ChunkedTraces | None" = None) -> str | None:
     """Whether a divergent float32 case is TF32's doing: the why's clause if so, else None.
 
     Triton's float32 ``tl.dot`` runs in TF32 by default (the operands' low 13 fraction bits dropped; the
@@ -295,7 +300,9 @@ def _ieee_dots(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tenso
     with IEEE float32 dots (`harness.kernels.isolation.float32_dots`); a kernel without Triton dots returns
     the same bits and nothing is said. Where the IEEE output (and final state) is equivalent, the case's
     error is TF32's: the record keeps its verdict (the kernel does err beyond float32's bound), with
-    ``ieee_dots_cond_max``, and the cause becomes ``tf32``.
+    ``ieee_dots_cond_max``, and the cause becomes ``tf32``. For a kernel that declares no chunk size
+    (``chunked``, `_chunked_bound`) the IEEE output may instead be within the chunked form's bound: a
+    Triton chunk kernel has both (fla's ``chunk_simple_gla`` named directly); the why then says both.
     """
     result = _call_kernel(spec, problem, {k: v.clone() for k, v in inputs.items()}, options, kernel_fn, worker,
                           False, float32_dots="ieee")
@@ -304,11 +311,15 @@ def _ieee_dots(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tenso
     outputs = problem.definition.split_output(problem, (result.output, *result.extras))
     cond_max, judgement = _judge_outputs(problem, outputs, traces, baselines, "float32", options)
     record["ieee_dots_cond_max"] = cond_max
+    found = f"TF32: the same call with IEEE float32 Triton dots is equivalent (cond_max {cond_max:.3g})"
+    if judgement.verdict is not Verdict.EQUIVALENT and chunked is not None:
+        chunk_cond, judgement = chunked.judge(outputs, baselines, "float32", options)
+        found = ("TF32 and chunk rounding: the same call with IEEE float32 Triton dots is "
+                 + _CHUNK_CLAUSE.format(cond_max=chunk_cond))
     if judgement.verdict is not Verdict.EQUIVALENT:
         return None
-    return (f"TF32: the same call with IEEE float32 Triton dots is equivalent (cond_max {div.cond_max:.3g}): its "
-            "float32 tl.dot run in TF32, Triton's default; pass input_precision='ieee' to tl.dot, or declare "
-            "Capabilities(computes_in={'float32': 'tf32_rz'}) (Triton's TF32 truncates)")
+    return (f"{found}; its float32 tl.dot run in TF32, Triton's default: pass input_precision='ieee' to tl.dot, or "
+            "declare Capabilities(computes_in={'float32': 'tf32_rz'}) (Triton's TF32 truncates)")
 
 
 #: The share of a divergent output's error before its first mismatch that must move, when only later
@@ -387,9 +398,26 @@ def _judge_outputs(problem: Problem, outputs: dict[str, Any], traces: dict[str, 
 CHUNK_COUNTERFACTUAL = 64
 
 
-def _chunked_bound(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], outputs: dict[str, Any],
-                   baselines: dict[str, Any] | None, precision: str, options: RunOptions,
-                   record: dict[str, Any]) -> str | None:
+class _ChunkedTraces:
+    """The oracle's traces of ``problem`` at chunk `CHUNK_COUNTERFACTUAL`, computed once when first asked."""
+
+    def __init__(self, spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor]):
+        self.problem = problem.replace(chunk_size=CHUNK_COUNTERFACTUAL)
+        self._spec, self._inputs, self._traces = spec, inputs, None
+
+    @property
+    def traces(self) -> dict[str, Any]:
+        if self._traces is None:
+            self._traces = reference_traces(self.problem, self._inputs, self._spec.convention)
+        return self._traces
+
+    def judge(self, outputs: dict[str, Any], baselines: dict[str, Any] | None, precision: str,
+              options: RunOptions) -> tuple[float, Judgement]:
+        return _judge_outputs(self.problem, outputs, self.traces, baselines, precision, options)
+
+
+def _chunked_bound(chunked: _ChunkedTraces, outputs: dict[str, Any], baselines: dict[str, Any] | None,
+                   precision: str, options: RunOptions, record: dict[str, Any]) -> str | None:
     """Whether a divergent case of a kernel that declares no chunk size is within a chunked form's bound:
     the why's clause if so, else None.
 
@@ -402,16 +430,17 @@ def _chunked_bound(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.T
     kernel call; the oracle once more): where that is equivalent, the cause is ``chunk_rounding`` and the
     why says how to declare the chunk size. The verdict stays: the harness cannot know the kernel chunks.
     """
-    chunked = problem.replace(chunk_size=CHUNK_COUNTERFACTUAL)
-    traces = reference_traces(chunked, inputs, spec.convention)
-    cond_max, judgement = _judge_outputs(chunked, outputs, traces, baselines, precision, options)
+    cond_max, judgement = chunked.judge(outputs, baselines, precision, options)
     record["chunked_cond_max"] = cond_max
     if judgement.verdict is not Verdict.EQUIVALENT:
         return None
-    return (f"chunk rounding: within the bound of a chunked form with chunk {CHUNK_COUNTERFACTUAL} (cond_max "
-            f"{cond_max:.3g}), whose decays are exp of differences of cumulative sums; if the kernel chunks, "
-            "declare its chunk size (a chunk_size parameter, or Capabilities(chunk_sizes=...) in a KernelSpec) "
-            "and the bound carries that term")
+    return f"chunk rounding: {_CHUNK_CLAUSE.format(cond_max=cond_max)}"
+
+
+_CHUNK_CLAUSE = (f"within the bound of a chunked form with chunk {CHUNK_COUNTERFACTUAL} (cond_max {{cond_max:.3g}}), "
+                 "whose decays are exp of differences of cumulative sums; if the kernel chunks, declare its chunk "
+                 "size (a chunk_size parameter, or Capabilities(chunk_sizes=...) in a KernelSpec) and the bound "
+                 "carries that term")
 
 
 #: Verdicts from the worst down: the record of a case with several targets takes the worst.

@@ -57,3 +57,16 @@ def test_check_reports_the_tf32_cause():
                    grad=False, save_counterexample=False)
     assert not result.passed and result.failure["cause"] == "tf32"
     assert "Cause: tf32" in result.message and "input_precision='ieee'" in result.message
+
+
+def test_a_triton_chunk_kernel_named_directly_has_both_tf32_and_its_chunk_named():
+    """fla's chunk_simple_gla as a plain function: TF32 dots and a chunk of 64 fixed inside, neither declared."""
+    fla = pytest.importorskip("fla.ops.simple_gla", reason="flash-linear-attention is not installed")
+    spec = user_kernel_spec(fla.chunk_simple_gla, family="simple_gla")
+    problem = Problem(family="simple_gla", length=40, dtype="float32", batch=1, heads=2, dk=16, dv=16,
+                      regime="strong_decay", seed=1)
+    record = run_case(spec, problem)
+    assert record["verdict"] == "divergent" and record["cause"] == "tf32", record["why"]
+    assert record["ieee_dots_cond_max"] > 1  # IEEE dots alone are not enough: the chunk term is needed too
+    assert "TF32 and chunk rounding: the same call with IEEE float32 Triton dots is within the bound of a " \
+           "chunked form with chunk 64" in record["why"]
