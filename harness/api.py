@@ -233,7 +233,9 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
         if problem is not None:  # what the kernel was handed (grouped B and C, a chunk size, a state), not only the output
             lines = message.split("\n")
             at = next((i for i, line in enumerate(lines) if line.startswith("Replay:")), len(lines))
-            message = "\n".join(lines[:at] + [f"Call: {problem.describe_call()}"] + lines[at:])
+            hint = problem.definition.contract_hint(problem) if record["verdict"] == "kernel_error" else None
+            message = "\n".join(lines[:at] + [f"Call: {problem.describe_call()}"]
+                                 + ([f"Hint: {hint}"] if hint else []) + lines[at:])
         return DivergenceError(message)
 
     @settings(settings.get_profile(profile), max_examples=examples)

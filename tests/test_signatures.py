@@ -127,3 +127,20 @@ def test_a_kernel_that_ignores_the_initial_state_it_takes_is_caught():
     assert not result.passed and result.failure["cause"] == "kernel_bug"
     assert result.failure["has_initial_state"]
     assert "Call: fn(q (" in result.message and "initial_state=(" in result.message, result.message
+
+
+def no_groups(u, delta, A, B, C):
+    if B.dim() != 3:
+        raise ValueError(f"B must be (batch, N, L), got {tuple(B.shape)}")
+    return _SELECTIVE(u, delta, A, B, C)
+
+
+def test_a_kernel_without_grouped_b_and_c_is_told_how_to_say_so():
+    result = check(no_groups, family="selective_scan", profile="dev", dtypes=("float64",), max_examples=20,
+                   max_length=16, grad=False, save_counterexample=False)
+    assert not result.passed and result.failure["outcome"] == "raised"
+    assert "Hint: this case hands B and C grouped, (batch, G=" in result.message, result.message
+    declared = Capabilities(devices=("cpu", "cuda"), selective_options=False, grouped_bc=False)
+    result = check(user_kernel_spec(no_groups, family="selective_scan", capabilities=declared), dtypes=("float64",),
+                   profile="dev", max_examples=20, max_length=16, grad=False, save_counterexample=False)
+    assert result.passed, result.message

@@ -128,6 +128,11 @@ class FamilyDef:
         """Last-place errors of the elementwise functions one step evaluates, in units of ``u * magnitude``."""
         return 0.0
 
+    def contract_hint(self, p: "Problem") -> str | None:
+        """For a kernel that failed its contract on ``p``: an input layout the family allows and a simple kernel
+        may not take, and how a kernel without it says so (None when ``p`` uses none)."""
+        return None
+
     def call_kwargs(self, p: "Problem") -> dict[str, Any]:
         """Keyword arguments besides the tensors (flags, eps, chunk_size)."""
         kw: dict[str, Any] = {}

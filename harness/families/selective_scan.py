@@ -80,6 +80,13 @@ class SelectiveScan(FamilyDef):
         """exp(delta A) 1, the bias add 1, softplus (log1p of exp) 2, silu (exp, add, divide, multiply) 2."""
         return 1.0 + p.has_delta_bias + 2.0 * p.delta_softplus + 2.0 * p.has_z
 
+    def contract_hint(self, p):
+        if not p.groups:
+            return None
+        return (f"this case hands B and C grouped, (batch, G={p.groups}, N, L), as the family's signature allows "
+                "(mamba-ssm's selective_scan_fn takes both); a kernel that takes only (batch, N, L) declares "
+                "Capabilities(grouped_bc=False) in a KernelSpec (harness check --kernel file.py:SPEC)")
+
     def call_kwargs(self, p):
         kw = {"delta_softplus": True} if p.delta_softplus else {}
         kw.update(super().call_kwargs(p))
