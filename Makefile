@@ -27,7 +27,7 @@ PYTEST_WORKERS ?= 2
 RUN ?= reports/latest
 PROFILE ?= ci
 
-.PHONY: install install-kernels install-mamba-ssm bench-peers device-bundle test test-install test-fast test-gpu test-gpu-dry report sweep seeds bench gate baseline calibrate calibrate-nightly clean
+.PHONY: install install-kernels install-mamba-ssm bench-peers device-bundle test test-install test-triton-other test-fast test-gpu test-gpu-dry report sweep seeds bench gate baseline calibrate calibrate-nightly clean
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_CPU)"
@@ -60,6 +60,18 @@ test:
 # (tests/test_install.py, scripts/install_walkthrough.py; minutes). The walkthrough prints its timings.
 test-install:
 	$(PYTHON) -m pytest -m slow -s -p no:cacheprovider tests/test_install.py
+
+# The Triton interpreter corrections on the other tested triton (TESTED_TRITON_VERSIONS; fla-core 0.5.x needs
+# it): that triton and fla-core 0.5.2 into ignored folders (~600 MB, PyPI), ahead of the installed ones on
+# PYTHONPATH, then the interpreter, startup, TF32 and fla adapter tests (docs/adapters.md). Not in CI (size).
+OTHER_TRITON ?= 3.5.1
+test-triton-other:
+	@test -d .triton-$(OTHER_TRITON) || $(PIP) install --quiet --no-deps --target .triton-$(OTHER_TRITON) triton==$(OTHER_TRITON)
+	@test -d .fla-0.5.2 || $(PIP) install --quiet --no-deps --target .fla-0.5.2 fla-core==0.5.2
+	PYTHONPATH=$(CURDIR)/.triton-$(OTHER_TRITON) $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_triton_interpreter.py \
+	  tests/test_triton_startup.py tests/test_tf32_cause.py
+	PYTHONPATH=$(CURDIR)/.fla-0.5.2:$(CURDIR)/.triton-$(OTHER_TRITON) $(PYTHON) -m pytest -q -p no:cacheprovider \
+	  tests/test_adapters.py -k fla
 
 test-fast:
 	$(PYTHON) -m pytest -x -q --hypothesis-profile=dev -m "not thirdparty and not slow"

@@ -49,6 +49,14 @@ def _loop_sum(o_ptr, n):
 
 
 @triton.jit
+def _loop_sum_literal(o_ptr):
+    acc = tl.zeros([1], dtype=tl.float32)
+    for i in range(10):
+        acc += i.to(tl.int64).to(tl.float32)
+    tl.store(o_ptr + tl.arange(0, 1), acc)
+
+
+@triton.jit
 def _loop_wide(o_ptr, start):
     for i in range(start, start + 1):
         tl.static_assert(i.dtype == tl.int64)
@@ -74,12 +82,22 @@ def _bf16_ops(x_ptr, y_ptr, f_ptr, add_ptr, sub_ptr, mul_ptr, max_ptr, neg_ptr, 
 
 
 @triton.jit
-def _bf16_reductions(x_ptr, sum_ptr, max_ptr, cumsum_ptr, N: tl.constexpr):
+def _bf16_scaled(x_ptr, o_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    tl.store(o_ptr + r, tl.load(x_ptr + r) * 0.1)  # the constant becomes a bfloat16 (a scalar_constant)
+
+
+@triton.jit
+def _bf16_reductions(x_ptr, sum_ptr, max_ptr, cumsum_ptr, scan_ptr, promoted_ptr, N: tl.constexpr):
     r = tl.arange(0, N)
     x = tl.load(x_ptr + r)
     tl.store(sum_ptr + tl.arange(0, 1), tl.sum(x, axis=0, keep_dims=True))
     tl.store(max_ptr + tl.arange(0, 1), tl.max(x, axis=0, keep_dims=True))
-    tl.store(cumsum_ptr + r, tl.cumsum(x, axis=0))
+    cumsum = tl.cumsum(x, axis=0)
+    tl.store(cumsum_ptr + r, cumsum)
+    # the scan tl.cumsum runs, on the bfloat16 values themselves (triton 3.5's tl.cumsum promotes them to float32)
+    tl.store(scan_ptr + r, tl.associative_scan(x, 0, tl.standard._sum_combine))
+    tl.store(promoted_ptr + tl.arange(0, 1), tl.full([1], cumsum.dtype == tl.float32, tl.int32))
 
 
 @triton.jit
@@ -104,11 +122,31 @@ def tf32_truncated(x: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------ loops
+def _plain_reads_runtime_bounds() -> bool:
+    """Whether the plain interpreter takes ``range(n)`` of a kernel argument ``n`` (a one-element array).
+
+    triton 3.9 squeezes the array; triton 3.5's ``tensor.__index__`` is ``int()`` of it, which numpy >= 2.4 refuses.
+    """
+    import numpy as np
+
+    try:
+        int(np.ones(1))
+    except TypeError:
+        return triton.__version__ != "3.5.1"
+    return True
+
+
 def test_loop_variable_is_an_int32_tensor():
     out = torch.zeros(1)
     _loop_sum[(1,)](out, 10)
     assert out.item() == 45.0
+    _loop_sum_literal[(1,)](out)
+    assert out.item() == 45.0
     with ti.plain_interpreter(), pytest.raises(Exception, match="has no attribute"):
+        _loop_sum_literal[(1,)](out)
+    # the plain interpreter fails on the Python-int loop variable, or (triton 3.5, numpy >= 2.4) on the bound itself
+    bound_error = "has no attribute" if _plain_reads_runtime_bounds() else "only 0-dimensional arrays can be converted"
+    with ti.plain_interpreter(), pytest.raises(Exception, match=bound_error):
         _loop_sum[(1,)](out, 10)
 
 
@@ -150,17 +188,39 @@ def test_bfloat16_elementwise_is_rounded_float32_arithmetic():
     assert not torch.equal(plain["cast"], want["cast"])  # truncation instead of rounding
 
 
+def test_bfloat16_constant_is_rounded_to_nearest_even():
+    from triton.runtime import interpreter
+
+    x, _, _ = _bf16_inputs()
+    out = torch.empty_like(x)
+    want = x * torch.tensor(0.1, dtype=torch.bfloat16)  # 0.1 rounds up to 0x3dcd, truncates to 0x3dcc
+    _bf16_scaled[(1,)](x, out, N=x.numel())
+    assert torch.equal(out, want)
+    with ti.plain_interpreter():
+        if hasattr(interpreter.InterpreterBuilder, "get_bf16"):  # triton 3.9: truncated, then integer arithmetic
+            _bf16_scaled[(1,)](x, out, N=x.numel())
+            assert not torch.equal(out, want)
+        else:  # triton 3.5 has no bfloat16 constant at all
+            with pytest.raises(Exception, match="no attribute 'get_bf16'"):
+                _bf16_scaled[(1,)](x, out, N=x.numel())
+
+
 def test_bfloat16_reductions_and_cumsum():
     g = _gen(2)
     x = (torch.randint(-64, 64, (32,), generator=g).float() / 8).to(torch.bfloat16)  # exact float32 sums
     s, m, c = torch.empty(1, dtype=torch.bfloat16), torch.empty(1, dtype=torch.bfloat16), torch.empty_like(x)
-    _bf16_reductions[(1,)](x, s, m, c, N=32)
+    scan, promoted = torch.empty_like(x), torch.empty(1, dtype=torch.int32)
+    cumsum = x.float().cumsum(0).to(torch.bfloat16)
+    _bf16_reductions[(1,)](x, s, m, c, scan, promoted, N=32)
     assert torch.equal(s, x.float().sum().to(torch.bfloat16).reshape(1))
     assert torch.equal(m, x.max().reshape(1))
-    assert torch.equal(c, x.float().cumsum(0).to(torch.bfloat16))
+    assert torch.equal(c, cumsum)
+    assert torch.equal(scan, cumsum)
     with ti.plain_interpreter():
-        _bf16_reductions[(1,)](x, s, m, c, N=32)
-    assert not torch.equal(c, x.float().cumsum(0).to(torch.bfloat16))
+        _bf16_reductions[(1,)](x, s, m, c, scan, promoted, N=32)
+    assert not torch.equal(scan, cumsum)  # integer cumsum of the bit patterns
+    # a tl.cumsum that promotes bfloat16 (triton 3.5; compiled too) never scans bfloat16: right without the correction
+    assert torch.equal(c, cumsum) is bool(promoted.item())
 
 
 def test_float32_to_bf16_rounds_to_nearest_even():
@@ -272,6 +332,26 @@ def test_call_in_dot_precision_runs_the_backward_in_the_same_precision():
     assert isinstance(two, tuple) and two[1] is None and two[0].requires_grad
 
 
+# ------------------------------------------------------------------------------------------ autotuner
+def test_autotuner_runs_its_first_config_once_even_when_it_asks_for_a_disk_cache():
+    """fla's autotuners pass ``cache_results=True``: triton 3.5 then looks the kernel up in a disk cache keyed by the
+    compiled kernel and the GPU target before benchmarking, even a single config; 3.9 benchmarks through the driver."""
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (32, 16)], key=["n"], cache_results=True)
+    @triton.jit
+    def count_programs(x_ptr, y_ptr, count_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+        tl.atomic_add(count_ptr, 1)
+
+    x, y, count = torch.arange(40, dtype=torch.float32), torch.empty(40), torch.zeros(1, dtype=torch.int32)
+    count_programs[lambda meta: (triton.cdiv(40, meta["BLOCK"]),)](x, y, count, 40)
+    assert count.item() == 2 and torch.equal(y, 2 * x)  # BLOCK=32 (2 programs), run once, never benchmarked
+    error = "has no attribute 'fn'" if triton.__version__ == "3.5.1" else "active drivers"
+    with ti.plain_interpreter(keep=()), pytest.raises(Exception, match=error):
+        count_programs[lambda meta: (triton.cdiv(40, meta["BLOCK"]),)](x, y, count, 41)  # a new key
+
+
 # ------------------------------------------------------------------------------------------ torch.cuda
 _CPU_TORCH = pytest.mark.skipif(hasattr(torch._C, "_cuda_exchangeDevice"),
                                 reason="torch built with CUDA: torch.cuda.device(None) works there already")
@@ -342,7 +422,10 @@ def test_kernels_that_ran_before_are_bit_identical(name, dtype):
     q, k, v = (torch.randn(1, 40, 2, 16, generator=g).to(dt) for _ in range(3))
     corrected = fn(q, k, v)
     ti.pin_autotuners("fla")  # per-kernel pins: autotuned kernels need them without the layer
-    with ti.plain_interpreter(keep=()):
+    # where the plain interpreter cannot read a runtime loop bound (triton 3.5, numpy >= 2.4) these kernels ran
+    # only with loop_induction_int32; then the other corrections are the ones shown to change nothing here
+    keep = () if _plain_reads_runtime_bounds() else ("loop_induction_int32",)
+    with ti.plain_interpreter(keep=keep):
         plain = fn(q, k, v)
     assert torch.equal(corrected.view(torch.int16 if dt == torch.float16 else torch.int32),
                        plain.view(torch.int16 if dt == torch.float16 else torch.int32))

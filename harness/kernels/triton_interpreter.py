@@ -19,8 +19,9 @@ Triton packages (``fla``, ``accelerated_scan.scalar``) run where there is no GPU
    be every config times dozens of timing runs, and on a machine without a GPU it does not even start:
    the benchmarker asks for the active driver and triton 3.9 raises ``RuntimeError: 0 active drivers ([]).
    There should only be one.``. `pin_autotuners` makes each autotuner of a package keep only the first
-   config that survives the kernel's own pruning; Triton then skips benchmarking. The numbers of an
-   interpreted run can therefore come from a different block shape than the one a GPU would pick by
+   config that survives the kernel's own pruning; Triton then skips benchmarking (triton 3.5 benchmarks even
+   one config, after asking a disk cache keyed by the compiled kernel: both are skipped too). The numbers
+   of an interpreted run can therefore come from a different block shape than the one a GPU would pick by
    timing.
 
 3. The interpreter does not compute what a GPU computes. `CORRECTIONS` are small, named replacements of
@@ -33,12 +34,15 @@ Triton packages (``fla``, ``accelerated_scan.scalar``) run where there is no GPU
      tensor (int64 when the bounds need it); the interpreter hands it a Python ``int``, so ``i.to(tl.int64)``
      raises ``'int' object has no attribute 'to'``. An AST ``visit_For`` beside the interpreter's own
      ``visit_Assign`` wraps the iterator so that it yields interpreter scalars. ``tl.static_range`` stays a
-     Python int, as it is a compile-time constant when compiled.
+     Python int, as it is a compile-time constant when compiled. Bounds that are interpreter scalars are read
+     with ``.item()``: triton 3.5's ``tensor.__index__`` is ``int()`` of a one-element array, which numpy >= 2.4
+     refuses, so there ``range(n)`` of a kernel argument failed before the loop started.
    - ``bfloat16_via_float32``: the interpreter stores bfloat16 as its raw uint16 bits and then does integer
      arithmetic on them (``binary_op``, ``unary_op``, reductions, scans, fma, rsqrt, erf) and truncates
      instead of rounding in float32 -> bfloat16 casts. Every bfloat16 operation is computed in float32 (which
      holds bfloat16 exactly) and rounded back to bfloat16 to nearest even, which is what a GPU does; casts
-     round to nearest even unless the kernel asks for ``rtz``. Reductions and scans round once at the end
+     round to nearest even unless the kernel asks for ``rtz``, and so do bfloat16 constants (``x * 0.1``; triton
+     3.5's interpreter has none, 3.9's truncates). Reductions and scans round once at the end
      (a GPU rounds each combine step in bfloat16, in an order it does not specify).
    - ``dot_low_precision_float32_acc``: ``tl.dot`` on bfloat16 or float16 is a float32 accumulation of the
      exact products (a product of two 8- or 11-bit significands fits float32's 24), as on tensor cores; the
@@ -85,6 +89,7 @@ import contextlib
 import functools
 import os
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -278,12 +283,35 @@ def _first_config(original_prune, kwargs: dict) -> list:
     return list(original_prune(kwargs))[:1]
 
 
+def _untimed(self, *args: Any, **kwargs: Any) -> list[float]:
+    """``Autotuner._bench`` of a pinned autotuner: its one config is not run or timed (there is nothing to choose).
+
+    triton 3.9 skips benchmarking when pruning leaves one config and never calls this; triton 3.5 times even one
+    config, through the GPU driver (there is none here).
+    """
+    return [0.0, 0.0, 0.0]
+
+
+def _uncached(self, tuning_key: Any, configs: list, bench_fn: Callable[[], None]) -> bool:
+    """``Autotuner.check_disk_cache`` of a pinned autotuner: no disk cache, `_untimed` "benchmarks" the one config.
+
+    triton 3.5 consults the cache when a kernel asks for ``cache_results`` (fla does), keyed by the compiled
+    kernel (an interpreted one has none) and the GPU target; 3.9 turns ``cache_results`` off under the interpreter.
+    """
+    bench_fn()
+    return False
+
+
+#: what `pin_autotuner` and ``autotuner_pinned`` replace besides ``prune_configs``
+_UNBENCHMARKED = {"_bench": _untimed, "check_disk_cache": _uncached}
+
+
 def pin_autotuner(kernel: Any) -> int:
     """Make every autotuner in ``kernel``'s wrapper chain run one config without benchmarking.
 
     The autotuner keeps its own pruning (``prune_configs_by``) and then takes the first surviving config;
-    Triton skips benchmarking when one config is left. Idempotent; returns how many autotuners it pinned
-    now (0 if none or already pinned).
+    Triton then skips benchmarking (3.9), or benchmarks it without running or timing it (3.5: `_untimed`).
+    Idempotent; returns how many autotuners it pinned now (0 if none or already pinned).
     """
     from triton.runtime.autotuner import Autotuner
 
@@ -291,6 +319,8 @@ def pin_autotuner(kernel: Any) -> int:
     for obj in _wrapped_chain(kernel):
         if isinstance(obj, Autotuner) and not getattr(obj, "_harness_pinned", False):
             obj.prune_configs = functools.partial(_first_config, obj.prune_configs)
+            for attr, fn in _UNBENCHMARKED.items():
+                setattr(obj, attr, types.MethodType(fn, obj))
             obj._harness_pinned = True
             pinned += 1
     return pinned
@@ -320,7 +350,7 @@ def pin_autotuners(package: str) -> int:
 
 # ------------------------------------------------------------------------------------------ corrections
 #: triton versions whose interpreter the corrections were written against and tested on
-TESTED_TRITON_VERSIONS: tuple[str, ...] = ("3.9.0",)
+TESTED_TRITON_VERSIONS: tuple[str, ...] = ("3.9.0", "3.5.1")
 
 _INTERPRETER_MODULE = "triton.runtime.interpreter"
 _LOOP_HELPER = "_harness_loop_indices"
@@ -652,8 +682,15 @@ def _install_loop_induction(module: Any) -> None:
     import numpy as np
     import triton.language as tl
 
-    def loop_indices(iterable):
-        """Yield a range's values as interpreter scalars of the type compiled Triton gives them."""
+    def loop_indices(make_range, *args, **kwargs):
+        """Yield ``make_range(*args, **kwargs)``'s values as interpreter scalars of the type compiled Triton gives.
+
+        Bounds that are interpreter scalars (one-element arrays) are read with ``.item()`` first: triton 3.5's
+        ``tensor.__index__`` is ``int()`` of the array, which numpy >= 2.4 refuses for a 1-d array.
+        """
+        args = [a.handle.data.item() if isinstance(a, tl.tensor) else a for a in args]
+        kwargs = {k: v.handle.data.item() if isinstance(v, tl.tensor) else v for k, v in kwargs.items()}
+        iterable = make_range(*args, **kwargs)
         if not isinstance(iterable, range):
             yield from iterable
             return
@@ -670,10 +707,11 @@ def _install_loop_induction(module: Any) -> None:
 
         def visit_For(self, node):
             node = self.generic_visit(node)
-            if _is_dynamic_range(node.iter):
+            if _is_dynamic_range(node.iter):  # range(a, b) -> _harness_loop_indices(range, a, b)
+                call = node.iter
                 node.iter = ast.copy_location(
-                    ast.Call(func=ast.Name(id=_LOOP_HELPER, ctx=ast.Load()), args=[node.iter], keywords=[]),
-                    node.iter)
+                    ast.Call(func=ast.Name(id=_LOOP_HELPER, ctx=ast.Load()), args=[call.func, *call.args],
+                             keywords=call.keywords), call)
             return node
 
     _set(module, _LOOP_HELPER, loop_indices)  # the rewriter copies the module's globals into the kernel's
@@ -795,6 +833,8 @@ def _install_bfloat16(module: Any) -> None:
                      ("create_fma", create_fma), ("create_rsqrt", create_rsqrt), ("create_erf", create_erf),
                      ("cast_impl", cast_impl), ("create_fp_to_fp", create_fp_to_fp)):
         _set(B, name, fn)
+    if not hasattr(B, "get_bf16"):  # triton 3.5 has no bfloat16 constant (``x * 0.5``); 3.9's is this one
+        _set(B, "get_bf16", lambda self, value: self.create_fp_trunc(self.get_fp32(value), bf16))
 
     R, S = module.ReduceOps, module.ScanOps
     orig_sum, orig_min_max = R.sum, R.min_max
@@ -903,6 +943,8 @@ def _install_autotuner_pin() -> None:
         return list(original(self, kwargs))[:1]
 
     _set(Autotuner, "prune_configs", prune_configs)
+    for attr, fn in _UNBENCHMARKED.items():
+        _set(Autotuner, attr, fn)
 
 
 # -- cuda_device_none_noop
