@@ -81,7 +81,7 @@ class CheckResult:
 
 
 def validate_limits(*, max_examples: int | None = None, max_length: int | None = None,
-                    dtypes: "tuple[str, ...] | None" = None) -> None:
+                    dtypes: "tuple[str, ...] | None" = None, device: str | None = None) -> None:
     """Raise `InvalidArgument` for a limit that would otherwise mean something else silently.
 
     ``None`` means "the profile's default"; 0, a negative number or an empty dtype list is an error (it
@@ -91,6 +91,19 @@ def validate_limits(*, max_examples: int | None = None, max_length: int | None =
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InvalidArgument(f"{name}={value!r} must be a whole number >= 1; leave it out for the profile's "
                                   "default")
+    if device is not None:
+        if not isinstance(device, str) or not (device in ("cpu", "cuda") or device.startswith("cuda:")
+                                                and device[5:].isdigit()):
+            raise InvalidArgument(f"device={device!r} must be 'cpu' or 'cuda[:n]'")
+        if device != "cpu":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise InvalidArgument(f"device={device!r} but this machine has no CUDA device (torch.cuda.is_available() "
+                                      f"is False, torch {torch.__version__}); check on 'cpu'")
+            if ":" in device and int(device[5:]) >= torch.cuda.device_count():
+                raise InvalidArgument(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA "
+                                      f"device(s), numbered from 0")
     if dtypes is not None:
         if not dtypes or any(not d for d in dtypes):
             raise InvalidArgument(f"dtypes={list(dtypes)!r} names no dtype; expected a non-empty subset of "
@@ -186,7 +199,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     from harness.verdict import Judgement, Policy, Verdict, format_failure as _format_failure, judge
 
     register_profiles()
-    validate_limits(max_examples=max_examples, max_length=max_length, dtypes=dtypes)
+    validate_limits(max_examples=max_examples, max_length=max_length, dtypes=dtypes, device=device)
     if shrink_deadline_s is not None and not shrink_deadline_s >= 0:
         raise InvalidArgument(f"shrink_deadline_s={shrink_deadline_s!r} must be a number >= 0 or None (no deadline)")
     spec = user_kernel_spec(fn, family=family)

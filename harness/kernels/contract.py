@@ -199,7 +199,8 @@ class Capabilities:
         return None if storage == dtypes.dtype_key(dtype) else storage
 
     def runs(self, dtype: str, device: str) -> str | None:
-        """None if (dtype, device) is in range, else the reason it is not."""
+        """None if (dtype, device) is in range, else the reason it is not (``"cuda:1"`` is a ``"cuda"`` device)."""
+        device = device.split(":", 1)[0]
         for key in (f"{dtype}@{device}", dtype, device):
             if key in self.unsupported:
                 return self.unsupported[key]

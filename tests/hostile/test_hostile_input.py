@@ -8,6 +8,7 @@ already in it must be untouched. The CLI runs in this process (`harness.cli.main
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import textwrap
 from pathlib import Path
@@ -298,3 +299,19 @@ def test_a_cuda_case_on_a_machine_without_cuda_is_a_usage_error(tmp_path, capsys
                                 "problem": {"family": "linear_scan", "length": 16, "device": "cuda"}}))
     code, _, err = run_cli(capsys, "replay", str(path))
     assert code == 2 and "device='cuda' but this machine has no CUDA device" in err, err
+
+
+@pytest.mark.parametrize("device, says", [("tpu", "must be 'cpu' or 'cuda[:n]'"), ("cuda:x", "must be 'cpu' or 'cuda[:n]'"),
+                                          ("cuda:7", "")])
+def test_a_device_is_validated_before_the_search(device, says):
+    """An unknown device, and a CUDA one this machine lacks, are named as such (was: 'runs none of dtypes')."""
+    import torch
+
+    from harness.api import check
+    from harness.errors import InvalidArgument
+
+    if device == "cuda:7":
+        says = ("has no CUDA device" if not torch.cuda.is_available()
+                else f"has {torch.cuda.device_count()} CUDA device(s)")
+    with pytest.raises(InvalidArgument, match=re.escape(says)):
+        check("intree.blelloch_scan", device=device, max_examples=1)
