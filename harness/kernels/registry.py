@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Iterable
@@ -113,7 +114,10 @@ def _import_error(exc: BaseException) -> str:
 def resolve_target(target: str) -> Callable:
     """``package.module:attr`` or ``path/to/file.py:attr`` -> the object it names.
 
-    Raises `InvalidArgument` naming the target when it cannot be found or is not callable.
+    Raises `InvalidArgument` naming the target when it cannot be found or is not callable. A file's folder
+    goes first on ``sys.path`` while and after it loads, as ``python path/to/file.py`` puts it, so the file
+    can import its siblings; a module is looked for in the working directory too (last), as ``python -m``
+    and pytest do, so ``my_kernels:fn`` works from a kernel repository's root without an install.
     """
     if ":" not in target:
         raise InvalidArgument(
@@ -133,6 +137,9 @@ def resolve_target(target: str) -> Callable:
             raise InvalidArgument(f"kernel={target!r}: {str(path)!r} cannot be imported as a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         try:
             spec.loader.exec_module(module)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file, not the harness, failed
@@ -140,6 +147,8 @@ def resolve_target(target: str) -> Callable:
             raise InvalidArgument(f"kernel={target!r}: importing {str(path)!r} failed: {_import_error(exc)}; "
                                   "expected a Python file that imports cleanly") from None
     else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.append(os.getcwd())
         try:
             module = importlib.import_module(where)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - ImportError, SyntaxError, or raised at import

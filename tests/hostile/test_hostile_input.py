@@ -315,3 +315,22 @@ def test_a_device_is_validated_before_the_search(device, says):
                 else f"has {torch.cuda.device_count()} CUDA device(s)")
     with pytest.raises(InvalidArgument, match=re.escape(says)):
         check("intree.blelloch_scan", device=device, max_examples=1)
+
+
+def test_a_kernel_file_imports_its_siblings_and_a_module_is_found_in_the_working_directory(tmp_path, monkeypatch):
+    """As `python file.py` and `python -m` would: a helper module beside the kernel file, and a module
+    target named from the kernel repository's root without installing it."""
+    import sys
+
+    from harness.kernels.registry import resolve_target
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kern").mkdir()
+    (tmp_path / "kern" / "helpers_7f3a.py").write_text("def scale(x):\n    return x\n")
+    (tmp_path / "kern" / "main_7f3a.py").write_text("from helpers_7f3a import scale\n\ndef fn(a, b):\n    return scale(b)\n")
+    (tmp_path / "rootmod_7f3a.py").write_text("def fn(a, b):\n    return b\n")
+    assert resolve_target(str(tmp_path / "kern" / "main_7f3a.py") + ":fn").__name__ == "fn"
+    assert resolve_target("rootmod_7f3a:fn").__name__ == "fn"
+    for name in ("helpers_7f3a", "rootmod_7f3a"):
+        sys.modules.pop(name, None)
