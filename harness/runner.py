@@ -255,19 +255,19 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
         timings["t_ieee_dots"] = time.perf_counter() - t0
         if found is not None:
             cause, judgement = "tf32", Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
-    if cause == "kernel_bug" and not record.get("future_leak") and chunked is not None:
-        t0 = time.perf_counter()
-        found = _chunked_bound(chunked, outputs, baselines, precision, options, record)
-        timings["t_chunked_bound"] = time.perf_counter() - t0
-        if found is not None:
-            cause, judgement = "chunk_rounding", Judgement(judgement.verdict, f"{judgement.why}; {found}",
-                                                           judgement.rule)
     if (cause == "kernel_bug" and not record.get("future_leak") and options.precision_counterfactual
             and spec.capabilities.runs("float64" if precision != "float64" else "float32", problem.device) is None):
         t0 = time.perf_counter()
         cause, judgement = _precision_counterfactual(spec, problem, inputs, options, kernel_fn, record, judgement,
                                                      precision)
         timings["t_other_dtype"] = time.perf_counter() - t0
+    if cause in ("kernel_bug", "precision_loss") and not record.get("future_leak") and chunked is not None:
+        t0 = time.perf_counter()
+        found = _chunked_bound(chunked, outputs, baselines, precision, options, record)
+        timings["t_chunked_bound"] = time.perf_counter() - t0
+        if found is not None:  # the cause where nothing else named it; beside precision_loss, the advice
+            cause = "chunk_rounding" if cause == "kernel_bug" else cause
+            judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
     timings["t_case"] = time.perf_counter() - began
     _finish(record, judgement, cause=cause, timings=timings)
     if store is not None:
@@ -427,8 +427,10 @@ def _chunked_bound(chunked: _ChunkedTraces, outputs: dict[str, Any], baselines: 
     signature, `harness.signatures`). A Triton chunk kernel with its block fixed inside (fla's
     ``chunk_simple_gla`` named directly, a user's ``BT = 64``) declares none and is held to the loop's bound.
     The same output is judged once more against the oracle's trace at chunk `CHUNK_COUNTERFACTUAL` (no
-    kernel call; the oracle once more): where that is equivalent, the cause is ``chunk_rounding`` and the
-    why says how to declare the chunk size. The verdict stays: the harness cannot know the kernel chunks.
+    kernel call; the oracle once more): where that is equivalent, the why says how to declare the chunk
+    size, and the cause is ``chunk_rounding`` where nothing else named one (the second-dtype run comes
+    first: a correct algorithm that does not chunk, a log-space scan, is ``precision_loss``, and keeps
+    that name with this advice beside it). The verdict stays: the harness cannot know the kernel chunks.
     """
     cond_max, judgement = chunked.judge(outputs, baselines, precision, options)
     record["chunked_cond_max"] = cond_max
@@ -533,6 +535,10 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
                  f"{wide.get('cond_max'):.3g} in float64, {narrow.get('cond_max'):.3g} in {narrow.get('dtype')} "
                  f"on the same inputs{' rounded to float32' if not low else ''} (each in units of its own dtype's "
                  "rounding bound)")
+    elif again["verdict"] in ("out_of_domain", "kernel_error"):  # say the check could not be made, and why
+        why = again.get("why") or again["verdict"]
+        return "kernel_bug", Judgement(judgement.verdict, f"{judgement.why}; no second-dtype check: the same case in "
+                                       f"{other} is {again['verdict']} ({why[:160]})", judgement.rule)
     else:
         return "kernel_bug", judgement
     ratio = record.get("baseline_ratio")

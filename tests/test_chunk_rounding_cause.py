@@ -1,4 +1,4 @@
-"""A chunk kernel that does not say it chunks is named for it (`harness.runner._chunked_bound`).
+"""A chunk kernel that does not say it chunks is told so (`harness.runner._chunked_bound`).
 
 A chunk form's decays are exp of differences of cumulative sums, which loses ``u`` times the within-chunk
 log-decay mass; the bound carries that term only for a kernel whose chunk size the harness knows. The
@@ -43,13 +43,17 @@ def _problem(dtype: str, seed: int = 1, length: int = 40, chunk_size: int | None
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_an_undeclared_chunk_kernel_is_named_chunk_rounding(dtype):
-    record = run_case(user_kernel_spec(fixed_block, family="simple_gla"), _problem(dtype))
-    assert record["verdict"] == "divergent" and record["cause"] == "chunk_rounding", record["why"]
+def test_an_undeclared_chunk_kernel_is_told_to_declare_its_chunk(dtype):
+    """Named precision_loss by its second-dtype run (its error shrinks with u), with the chunk advice beside;
+    chunk_rounding where that run is not made; kernel_bug only with both counterfactuals off."""
+    spec = user_kernel_spec(fixed_block, family="simple_gla")
+    record = run_case(spec, _problem(dtype))
+    assert record["verdict"] == "divergent" and record["cause"] == "precision_loss", record["why"]
     assert record["cond_max"] > 1 and record["chunked_cond_max"] < 1
     assert f"within the bound of a chunked form with chunk {CHUNK_COUNTERFACTUAL}" in record["why"]
-    off = run_case(user_kernel_spec(fixed_block, family="simple_gla"), _problem(dtype),
-                   RunOptions(chunk_counterfactual=False, precision_counterfactual=False))
+    alone = run_case(spec, _problem(dtype), RunOptions(precision_counterfactual=False))
+    assert alone["cause"] == "chunk_rounding" and "declare its chunk size" in alone["why"], alone["why"]
+    off = run_case(spec, _problem(dtype), RunOptions(chunk_counterfactual=False, precision_counterfactual=False))
     assert off["cause"] == "kernel_bug"
 
 
