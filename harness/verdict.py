@@ -440,7 +440,8 @@ def format_failure(
             f"{_g(rec.max_error_second_half)} in the second"
         )
         growth = (
-            f"; error grows like (t+1)^{rec.growth_exponent:.2f}" if rec.growth_exponent is not None else ""
+            f"; error {'grows' if rec.growth_exponent >= 0 else 'falls'} like (t+1)^{rec.growth_exponent:.2f}"
+            if rec.growth_exponent is not None else ""
         )
         lines.append(f"Onset: {onset}{half}{growth}")
         if rec.has_baseline:
