@@ -313,12 +313,37 @@ def float32_dots(precision: str | None):
         yield
 
 
+def _die_with_parent() -> None:
+    """Have the kernel (Linux) SIGKILL this worker when its parent, the forkserver, exits: the forkserver
+    exits when the harness does, however it ends (a CI runner's SIGKILL included), once no worker holds
+    the pipe it watches for that; a worker hung in a kernel would otherwise outlive both in a session of
+    its own. Elsewhere only the pipe is let go."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the forkserver exits when no process holds its "alive" pipe; a child
+    if server._forkserver_alive_fd is not None:  # inherits it, and a worker holding it would keep the
+        os.close(server._forkserver_alive_fd)  # server, and so itself, alive after the harness is gone
+        server._forkserver_alive_fd = None
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the worker process
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
     os.setsid()  # a process group of its own: closing the worker takes down what the kernel started too
+    _die_with_parent()  # out of the harness's group, so a kill of that group no longer reaches it: this does
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
     interpret_if_no_gpu()  # before the kernel's package can import triton

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -172,3 +173,53 @@ def test_an_interrupted_run_keeps_its_records_and_says_it_is_partial(tmp_path, s
     header = load_header(tmp_path / "run")
     assert header["partial"] is True and header["status"].startswith("PARTIAL"), header
     assert "PARTIAL" in (tmp_path / "run" / "index.md").read_text()
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and relies on PR_SET_PDEATHSIG (Linux)")
+def test_a_worker_hung_in_a_kernel_dies_with_a_killed_harness(tmp_path):
+    """A worker leads its own process group (so closing it kills what the kernel started); a SIGKILL of the
+    harness (a CI runner cancelling a job) must still not leave it running in its kernel forever."""
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        from harness.api import user_kernel_spec
+        from harness.problems import Problem
+        from harness.runner import RunOptions, run_case
+        spec = user_kernel_spec({str(KERNELS)!r} + ":hangs", family="linear_scan")
+        print("calling", flush=True)
+        run_case(spec, Problem(family="linear_scan", length=5, dtype="float32", batch=1, dim=1, seed=1),
+                 RunOptions(timeout_s=600.0, isolation="process"))
+    """))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "calling"
+        deadline, workers = time.monotonic() + 60, []
+        while time.monotonic() < deadline and not workers:  # harness -> forkserver -> worker
+            workers = [w for server in _children(proc.pid) for w in _children(server)]
+            time.sleep(0.2)
+        assert workers, "no worker process was started"
+        time.sleep(1.0)  # the worker is in the kernel now
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_running(w) for w in workers):
+            time.sleep(0.2)
+        assert not [w for w in workers if _running(w)], "a hung worker outlived the killed harness"
+    finally:
+        proc.kill()
