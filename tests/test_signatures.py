@@ -144,3 +144,16 @@ def test_a_kernel_without_grouped_b_and_c_is_told_how_to_say_so():
     result = check(user_kernel_spec(no_groups, family="selective_scan", capabilities=declared), dtypes=("float64",),
                    profile="dev", max_examples=20, max_length=16, grad=False, save_counterexample=False)
     assert result.passed, result.message
+
+
+def gla_float32_states_only(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    if initial_state is not None and initial_state.dtype != torch.float32:
+        raise AssertionError("initial_state must be in float32.")  # as fla's chunk_gla asserts
+    return _GLA(q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+
+
+def test_a_kernel_refusing_the_initial_state_s_dtype_is_told_what_it_was_handed():
+    result = check(gla_float32_states_only, family="gla", profile="dev", dtypes=("float64",), max_examples=20,
+                   max_length=16, grad=False, save_counterexample=False)
+    assert not result.passed and result.failure["outcome"] == "raised"
+    assert "Hint: this case hands an initial state (initial_state, in the case's dtype float64" in result.message

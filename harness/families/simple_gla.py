@@ -69,6 +69,13 @@ class StatefulFamily(FamilyDef):
 
     chunk_term = True
 
+    def contract_hint(self, p):
+        if not p.has_initial_state or self.state_keywords is None:
+            return None
+        return (f"this case hands an initial state ({self.state_keywords[0]}, in the case's dtype {p.dtype}, as the "
+                "family's signature says); a kernel that keeps its state in another dtype (fla: float32) converts it, "
+                "and one that takes no initial state declares Capabilities(initial_state=False) in a KernelSpec")
+
     @staticmethod
     def targets(p, t) -> dict[str, Any]:
         """``{"output": ..., "final_state": ...}`` of a `GatedTrace`, with the chunk term where chunked."""
