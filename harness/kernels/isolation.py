@@ -342,7 +342,10 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
-    os.setsid()  # a process group of its own: closing the worker takes down what the kernel started too
+    try:
+        os.setsid()  # a process group of its own: closing the worker takes down what the kernel started too
+    except OSError:  # already a group leader (not under a forkserver): close() then kills the worker alone
+        pass
     _die_with_parent()  # out of the harness's group, so a kill of that group no longer reaches it: this does
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
