@@ -321,8 +321,12 @@ def _die_with_parent() -> None:
     from multiprocessing import forkserver
 
     server = forkserver._forkserver  # the forkserver exits when no process holds its "alive" pipe; a child
-    if server._forkserver_alive_fd is not None:  # inherits it, and a worker holding it would keep the
-        os.close(server._forkserver_alive_fd)  # server, and so itself, alive after the harness is gone
+    alive = getattr(server, "_forkserver_alive_fd", None)  # inherits it, and a worker holding it would keep
+    if alive is not None:  # the server, and so itself, alive after the harness is gone (a private attribute
+        try:  # of CPython's forkserver since 3.4: where it is missing, nothing is let go)
+            os.close(alive)
+        except OSError:
+            pass
         server._forkserver_alive_fd = None
     if not sys.platform.startswith("linux"):
         return
