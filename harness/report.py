@@ -489,7 +489,14 @@ def summary_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     if not records:
         return "_No harness records._"
     table = summary_table(records)
-    return headline(records) + "\n\n" + table_markdown(table[list(SHORT_SUMMARY_COLUMNS)])
+    return (headline(records) + "\n\n" + table_markdown(table[list(SHORT_SUMMARY_COLUMNS)]) + "\n\n"
+            + SUMMARY_CAPTION)
+
+
+#: Under the summary table: which case its ``worst_*`` columns describe (a new user read them as the
+#: largest cond of the row, which the findings give).
+SUMMARY_CAPTION = ("_worst_*: each row's worst case, by verdict first and then cond_max; an `out_of_domain` case "
+                   "outranks an equivalent one with a larger cond (the findings give each group's largest)._")
 
 
 def run_summary_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any] | None = None) -> str:

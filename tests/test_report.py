@@ -238,6 +238,7 @@ def test_summary_markdown_is_a_github_table_worst_first():
     table = [line for line in lines if line.startswith("|")]
     assert table[0].startswith("| kernel") and set(table[1]) <= {"|", "-", " "}
     assert "| blelloch " in table[2] and "divergent" in table[2]
+    assert lines[-1].startswith("_worst_*: each row's worst case, by verdict first")
     assert summary_markdown([]) == "_No harness records._"
 
 
