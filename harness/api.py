@@ -241,14 +241,13 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             judgement = Judgement(Verdict(record["verdict"]), record["why"], "final_state")
         elif record.get("why"):  # the run's why: it carries the counterfactuals (eps, float64, future leak)
             judgement = Judgement(judgement.verdict, record["why"], judgement.rule)
-        message = format_failure(record, judgement, replay=replay)
+        context: list[str] = []
         problem = problem_of.get(record.get("case"))
         if problem is not None:  # what the kernel was handed (grouped B and C, a chunk size, a state), not only the output
-            lines = message.split("\n")
-            at = next((i for i, line in enumerate(lines) if line.startswith("Replay:")), len(lines))
+            context.append(f"Call: {problem.describe_call()}")
             hint = problem.definition.contract_hint(problem) if record["verdict"] == "kernel_error" else None
-            message = "\n".join(lines[:at] + [f"Call: {problem.describe_call()}"]
-                                 + ([f"Hint: {hint}"] if hint else []) + lines[at:])
+            context += [f"Hint: {hint}"] if hint else []
+        message = format_failure(record, judgement, replay=replay, context=context)
         return DivergenceError(message)
 
     @settings(settings.get_profile(profile), max_examples=examples)
@@ -340,8 +339,8 @@ def _forward_only(save: Callable) -> Callable:
 
 
 def _naming_gradients(format_failure: Callable) -> Callable:
-    def with_gradient_note(record, judgement, replay=None) -> str:
-        message = format_failure(record, judgement, replay=replay)
+    def with_gradient_note(record, judgement, replay=None, context=()) -> str:
+        message = format_failure(record, judgement, replay=replay, context=context)
         if isinstance(record, dict) and record.get("mode") == "grad":
             message = (f"The gradient of {record['kernel']} diverges (the forward is equivalent; the replay "
                        f"command re-runs the forward only).\n{message}")

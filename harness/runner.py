@@ -155,8 +155,6 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     ``inputs``: the tensors to use instead of ``problem.make_inputs()`` (in ``problem``'s dtype; the
     float64 re-run of a low-precision case passes that case's rounded inputs, upcast exactly).
     """
-    from harness.metrics import measure
-
     options = options or RunOptions()
     timings: dict[str, float] = {}
     began = t0 = time.perf_counter()
@@ -204,19 +202,11 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
             problem.replace(dtype=storage), {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
     except Exception as exc:  # noqa: BLE001 - a baseline failure must not lose the kernel's measurement
         baselines, record["baseline_error"] = None, f"{type(exc).__name__}: {exc}"
-    baseline = None if baselines is None else baselines["output"]
     timings["t_baseline"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    div = measure(result.output, trace, dtype=precision, baseline=baseline, length_axis=problem.length_axis,
-                  tf32=problem.tf32, cond_threshold=options.policy.cond_threshold,
-                  function_room=problem.function_room)
-    judgement = judge(div, options.policy)
+    div, judgement = _judge_outputs(problem, outputs, traces, baselines, precision, options, record)
     record.update({k: v for k, v in div.to_dict().items() if k not in record})
-    if "final_state" in traces:
-        judgement = _final_state(problem, traces["final_state"], outputs.get("final_state"),
-                                 None if baselines is None else baselines.get("final_state"),
-                                 precision, options, record, judgement)
     timings["t_measure"] = time.perf_counter() - t0
 
     cause = {Verdict.EQUIVALENT: "rounding", Verdict.DIVERGENT: "kernel_bug",
@@ -244,8 +234,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
             record["future_leak"] = True
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {leak}", judgement.rule)
     chunked = None  # the oracle's traces at a chunk, for a kernel that declares none (`_chunked_bound`)
-    if (options.chunk_counterfactual and problem.definition.chunk_term and problem.chunk_size is None
-            and not spec.capabilities.takes_chunk):
+    if (cause == "kernel_bug" and options.chunk_counterfactual and problem.definition.chunk_term
+            and problem.chunk_size is None and not spec.capabilities.takes_chunk):
         chunked = _ChunkedTraces(spec, problem, inputs)
     if (cause == "kernel_bug" and not record.get("future_leak") and options.tf32_counterfactual
             and precision == "float32" and not problem.tf32):
@@ -309,8 +299,8 @@ def _ieee_dots(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tenso
     if not result.ok or isolation.same_bits(result.output, output):
         return None
     outputs = problem.definition.split_output(problem, (result.output, *result.extras))
-    cond_max, judgement = _judge_outputs(problem, outputs, traces, baselines, "float32", options)
-    record["ieee_dots_cond_max"] = cond_max
+    div, judgement = _judge_outputs(problem, outputs, traces, baselines, "float32", options)
+    cond_max = record["ieee_dots_cond_max"] = div.cond_max
     found = f"TF32: the same call with IEEE float32 Triton dots is equivalent (cond_max {cond_max:.3g})"
     if judgement.verdict is not Verdict.EQUIVALENT and chunked is not None:
         chunk_cond, judgement = chunked.judge(outputs, baselines, "float32", options)
@@ -377,9 +367,11 @@ def _future_leak(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Ten
 
 
 def _judge_outputs(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
-                   baselines: dict[str, Any] | None, precision: str, options: RunOptions) -> tuple[float, Judgement]:
-    """(the output's cond_max, the judgement of every target) of a kernel's ``outputs`` against ``traces``:
-    what a counterfactual compares (another call of the kernel, or the same output against another bound)."""
+                   baselines: dict[str, Any] | None, precision: str, options: RunOptions,
+                   record: dict[str, Any] | None = None) -> tuple[Any, Judgement]:
+    """(the output's `Divergence`, the judgement of every target) of a kernel's ``outputs`` against
+    ``traces``: the case's own measurement (its final state's fields go into ``record``) and what a
+    counterfactual compares (another call of the kernel, or the same output against another bound)."""
     from harness.metrics import measure
 
     div = measure(outputs["output"], traces["output"], dtype=precision,
@@ -389,8 +381,8 @@ def _judge_outputs(problem: Problem, outputs: dict[str, Any], traces: dict[str, 
     if "final_state" in traces:
         judgement = _final_state(problem, traces["final_state"], outputs.get("final_state"),
                                  None if baselines is None else baselines.get("final_state"),
-                                 precision, options, {}, judgement)
-    return div.cond_max, judgement
+                                 precision, options, {} if record is None else record, judgement)
+    return div, judgement
 
 
 #: The chunk size a kernel that declares none is judged at by `_chunked_bound`: the block of fla's chunk
@@ -413,7 +405,9 @@ class _ChunkedTraces:
 
     def judge(self, outputs: dict[str, Any], baselines: dict[str, Any] | None, precision: str,
               options: RunOptions) -> tuple[float, Judgement]:
-        return _judge_outputs(self.problem, outputs, self.traces, baselines, precision, options)
+        """(cond_max, judgement) of ``outputs`` against the chunked traces."""
+        div, judgement = _judge_outputs(self.problem, outputs, self.traces, baselines, precision, options)
+        return div.cond_max, judgement
 
 
 def _chunked_bound(chunked: _ChunkedTraces, outputs: dict[str, Any], baselines: dict[str, Any] | None,

@@ -56,15 +56,14 @@ def capabilities_from_signature(fn: Callable, family: Family | str,
         notes.append(f"its signature takes no {', '.join(missing)}: cases without "
                      f"{', '.join(fam.option_keywords)} only")
     if fam.state_keywords is not None:
-        initial, final = fam.state_keywords
-        takes = {"initial_state": initial in params and not caps.initial_state,
-                 "final_state": final in params and not caps.final_state}
-        if any(takes.values()):
-            caps = replace(caps, **{k: True for k, v in takes.items() if v})
-            named = [n for n, field in ((initial, "initial_state"), (final, "final_state")) if takes[field]]
-            notes.append(f"its signature takes {' and '.join(named)}: cases with "
-                         + " and ".join(w for w, field in (("an initial state", "initial_state"),
-                                                           ("the final state checked", "final_state")) if takes[field]))
+        # (keyword, capability, what the cases then have) for each state keyword the signature names
+        found = [(keyword, field, what) for keyword, field, what in
+                 zip(fam.state_keywords, ("initial_state", "final_state"), ("an initial state", "the final state checked"))
+                 if keyword in params and not getattr(caps, field)]
+        if found:
+            caps = replace(caps, **{field: True for _, field, _ in found})
+            notes.append(f"its signature takes {' and '.join(k for k, _, _ in found)}: cases with "
+                         f"{' and '.join(w for _, _, w in found)}")
     chunk = params.get("chunk_size")
     sizes = None
     if chunk is not None and chunk.default is inspect.Parameter.empty:

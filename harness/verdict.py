@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 from enum import Enum
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -409,8 +409,11 @@ def format_failure(
     record: Divergence | Mapping[str, Any] | None,
     judgement: Judgement,
     replay: str | None = None,
+    context: Sequence[str] = (),
 ) -> str:
-    """The message `assert_equivalent` raises with: what mismatched, where, by how much, why, how to replay."""
+    """The message `assert_equivalent` raises with: what mismatched, where, by how much, why, how to replay.
+
+    ``context``: lines about the case itself (``Call: ...``, ``Hint: ...``), put before the replay line."""
     rec = _record(record)
     lines = [_HEADLINES[judgement.verdict]]
     if rec is not None and not rec.problem and rec.n_elements and judgement.verdict is not Verdict.KERNEL_ERROR:
@@ -461,6 +464,7 @@ def format_failure(
     cause = record.get("cause") if isinstance(record, Mapping) else None
     if cause:
         lines.append(f"Cause: {cause}")
+    lines.extend(context)
     if replay:
         lines.append(f"Replay: {replay}")
     return "\n".join(lines)
