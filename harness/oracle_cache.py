@@ -1,13 +1,14 @@
-"""A small cache of the float64 oracle and the same-dtype baseline, shared by the cases of one run.
+"""A small cache of a problem's inputs, float64 oracle and same-dtype baseline, shared by the cases of one run.
 
-`harness.runner.run_case` recomputes both for every (kernel, problem). Kernels of one family, TF32 on
-and off, and chunk sizes see the same rounded inputs (`Problem.make_inputs` depends on none of them), so
-a run that drives many kernels over one grid (the GPU sweep) passes an `OracleCache` in
-`harness.runner.RunOptions.oracle_cache` and computes each once. The oracle is keyed on the problem
-without ``tf32`` and ``device`` (it always runs on the CPU in float64; ``chunk_size`` stays in the key
-because the gated families' bound has a term for the chunk form), the baseline without ``tf32`` and
-``chunk_size`` (it runs outside the TF32 block of `run_case` and takes no chunk), both on the retention
-convention. Entries are dropped least recently used first beyond ``max_entries``.
+`harness.runner.run_case` recomputes all three for every (kernel, problem). Kernels of one family, TF32
+on and off, and chunk sizes see the same rounded inputs (`Problem.make_inputs` depends on none of them),
+so a run that drives many kernels over one grid (the GPU sweep, the calibration) passes an `OracleCache`
+in `harness.runner.RunOptions.oracle_cache` and computes each once. The inputs are handed out as copies:
+a kernel that writes into its inputs (reported as such) cannot change the next kernel's. The oracle is
+keyed on the problem without ``tf32`` and ``device`` (it always runs on the CPU in float64; ``chunk_size``
+stays in the key only where the family's bound has a term for the chunk form, `FamilyDef.chunk_term`),
+the baseline without ``tf32`` and ``chunk_size`` (it runs outside the TF32 block of `run_case` and takes
+no chunk), both on the retention convention. Entries are dropped least recently used first beyond ``max_entries``.
 
 The runner consults the cache only for inputs it made itself from the problem; inputs passed in (the
 float64 re-run of a low-precision case) are never looked up.
@@ -20,7 +21,8 @@ from typing import Any, Callable
 
 
 class OracleCache:
-    """LRU caches of `harness.runner.reference_traces` and `baseline_outputs`; ``stats`` counts hits and misses."""
+    """LRU caches of `Problem.make_inputs`, `harness.runner.reference_traces` and `baseline_outputs`;
+    ``stats`` counts the hits and misses of the oracle and the baseline, ``input_stats`` those of the inputs."""
 
     def __init__(self, max_entries: int = 8):
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
@@ -29,25 +31,36 @@ class OracleCache:
             raise InvalidArgument(f"max_entries={max_entries!r} must be a whole number >= 1")
         self.max_entries = max_entries
         self.stats = {"hits": 0, "misses": 0}
+        self.input_stats = {"hits": 0, "misses": 0}
+        self._inputs: collections.OrderedDict = collections.OrderedDict()
         self._traces: collections.OrderedDict = collections.OrderedDict()
         self._baselines: collections.OrderedDict = collections.OrderedDict()
 
-    def _get(self, cache: collections.OrderedDict, key: Any, compute: Callable[[], Any]) -> Any:
+    def _get(self, cache: collections.OrderedDict, key: Any, compute: Callable[[], Any],
+             stats: dict[str, int] | None = None) -> Any:
+        stats = self.stats if stats is None else stats
         if key in cache:
             cache.move_to_end(key)
-            self.stats["hits"] += 1
+            stats["hits"] += 1
             return cache[key]
-        self.stats["misses"] += 1
+        stats["misses"] += 1
         value = cache[key] = compute()
         if len(cache) > self.max_entries:
             cache.popitem(last=False)
         return value
 
+    def inputs(self, problem):
+        """`Problem.make_inputs`, drawn once per problem up to tf32 and chunk size; a fresh copy each call."""
+        key = problem.replace(tf32=False, chunk_size=None).key, problem.device
+        drawn = self._get(self._inputs, key, problem.make_inputs, self.input_stats)
+        return {name: t.clone() for name, t in drawn.items()}
+
     def traces(self, problem, inputs, convention):
         """`harness.runner.reference_traces`, computed once per problem up to tf32 and device."""
         from harness import runner
 
-        key = (problem.replace(tf32=False, device="cpu").key, convention)
+        unchunked = {} if problem.definition.chunk_term else {"chunk_size": None}  # no chunk term: same bound
+        key = (problem.replace(tf32=False, device="cpu", **unchunked).key, convention)
         return self._get(self._traces, key, lambda: runner.reference_traces(problem, inputs, convention))
 
     def baselines(self, problem, inputs, convention):

@@ -160,7 +160,7 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     began = t0 = time.perf_counter()
     cache = options.oracle_cache if inputs is None else None  # inputs passed in are not the problem's own
     if inputs is None:
-        inputs = problem.make_inputs()
+        inputs = cache.inputs(problem) if cache is not None else problem.make_inputs()
     timings["t_inputs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

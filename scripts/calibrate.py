@@ -21,21 +21,19 @@ docs/calibration.md.
     python scripts/calibrate.py --cases 4 --print         # a quick look, nothing written
     python scripts/calibrate.py --cases 200 --profile nightly --records /tmp/calib.jsonl
 
-The float64 oracle and the same-dtype baseline depend only on the problem, so `run_case`'s calls to
-them are memoized for the problem being run (by `cached_oracles`): every kernel of a family then shares
-one oracle run. Nothing else in `run_case` changes.
+The inputs, the float64 oracle and the same-dtype baseline depend only on the problem, so the run passes
+one `harness.oracle_cache.OracleCache` to `run_case` (`RunOptions.oracle_cache`): every kernel of a family
+then shares one draw, one oracle run and one baseline per problem. Nothing else in `run_case` changes.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import random
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -147,40 +145,6 @@ def _fit(problem, spec):
     return problem.replace(**changes) if changes else problem
 
 
-@contextlib.contextmanager
-def cached_oracles() -> Iterator[None]:
-    """Memoize `harness.runner`'s oracle and baseline calls for the latest problems (chunk size aside).
-
-    Both are pure functions of the problem (its inputs are generated from it) and the retention
-    convention; the chunk size changes neither. The originals are restored on exit.
-    """
-    import harness.runner as runner
-
-    originals = {"reference_trace": runner.reference_trace, "baseline_output": runner.baseline_output}
-    memo: dict = {}
-
-    def memoized(name: str):
-        fn = originals[name]
-
-        def wrapper(problem, inputs, convention=runner.RETNET):
-            key = (name, problem.replace(chunk_size=None).key, convention.name)
-            if key not in memo:
-                if len(memo) > 8:
-                    memo.clear()
-                memo[key] = fn(problem, inputs, convention)
-            return memo[key]
-
-        return wrapper
-
-    for name in originals:
-        setattr(runner, name, memoized(name))
-    try:
-        yield
-    finally:
-        for name, fn in originals.items():
-            setattr(runner, name, fn)
-
-
 # ------------------------------------------------------------------------------------------- running
 def kernels(third_party: bool = False, planted_bugs: bool = True):
     """The correct kernels (in-tree; with ``third_party`` also every available third-party adapter that
@@ -208,60 +172,59 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
     joins the jobs' records into the unsharded run's tables)."""
     from harness.kernels.contract import Family
     from harness.problems import REGIMES
+    from harness.oracle_cache import OracleCache
     from harness.runner import RunOptions, run_case
     from harness.store import dumps
 
     rng = random.Random(seed)
     correct, planted = kernels(third_party, planted_bugs)
-    options = RunOptions()
+    options = RunOptions(oracle_cache=OracleCache(max_entries=4))
     out: list[dict] = []
     fh = open(records_path, "w") if records_path else None
     start = time.perf_counter()
     fams = [f for f in Family if f in REGIMES and (families is None or f.value in families)]  # wired families
     try:
-        with cached_oracles():
-            if max_seconds is None:
-                order = [[(i, d, f)] for d in dtypes for f in fams for i in range(cases)]
-            else:
-                order = [[(i, d, f) for d in dtypes for f in fams] for i in range(cases)]
-            position = -1
-            for step, batch in enumerate(order):
-                if max_seconds is not None and time.perf_counter() - start > max_seconds:
-                    if progress:
-                        print(f"  time limit: stopped after {step} problems per (dtype, family)", file=sys.stderr)
-                    break
-                for i, dtype, family in batch:
-                    regimes = REGIMES[family]
-                    fam_kernels = [(s, b) for s, b in correct + planted if s.family is family
-                                   and s.capabilities.runs(dtype, "cpu") is None]
-                    if True:
-                        regime = regimes[i % len(regimes)]
-                        base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile,
-                                            max_length=max_length)
-                        position += 1
-                        if shard is not None and position % shard.count != shard.index - 1:
-                            continue  # drawn (the draws stay the unsharded run's), run by another job
-                        for spec, bug in fam_kernels:
-                            problem = base if spec.capabilities.takes_chunk else base.replace(chunk_size=None)
-                            problem = _fit(problem, spec)
-                            rec = run_case(spec, problem, options)
-                            row = {
-                                "kind": "planted" if bug else "correct", "position": position,
-                                "kernel": spec.name, "family": family.value, "dtype": dtype, "regime": regime,
-                                "length": problem.length, "case": problem.key, "problem": base.key,
-                                "verdict": rec["verdict"], "cause": rec.get("cause"),
-                                "cond_max": rec.get("cond_max"), "baseline_ratio": rec.get("baseline_ratio"),
-                                "baseline_cond_max": rec.get("baseline_cond_max"),
-                                "exposes": bool(bug.exposes(problem)) if bug else None,
-                                "why": rec.get("why"),
-                            }
-                            if fh:  # the full record too, so that `--from-records` rebuilds every table
-                                fh.write(dumps(dict(row, problem_fields=problem.to_dict(), record=rec)) + "\n")
-                            row["record"] = rec  # the full record, to re-judge under other policies
-                            out.append(row)
-                if progress and (step + 1) % max(1, len(order) // 20) == 0:
-                    print(f"  {step + 1} of {len(order)} steps, {len(out)} runs, "
-                          f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        if max_seconds is None:
+            order = [[(i, d, f)] for d in dtypes for f in fams for i in range(cases)]
+        else:
+            order = [[(i, d, f) for d in dtypes for f in fams] for i in range(cases)]
+        position = -1
+        for step, batch in enumerate(order):
+            if max_seconds is not None and time.perf_counter() - start > max_seconds:
+                if progress:
+                    print(f"  time limit: stopped after {step} problems per (dtype, family)", file=sys.stderr)
+                break
+            for i, dtype, family in batch:
+                regimes = REGIMES[family]
+                fam_kernels = [(s, b) for s, b in correct + planted if s.family is family
+                               and s.capabilities.runs(dtype, "cpu") is None]
+                regime = regimes[i % len(regimes)]
+                base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile,
+                                    max_length=max_length)
+                position += 1
+                if shard is not None and position % shard.count != shard.index - 1:
+                    continue  # drawn (the draws stay the unsharded run's), run by another job
+                for spec, bug in fam_kernels:
+                    problem = base if spec.capabilities.takes_chunk else base.replace(chunk_size=None)
+                    problem = _fit(problem, spec)
+                    rec = run_case(spec, problem, options)
+                    row = {
+                        "kind": "planted" if bug else "correct", "position": position,
+                        "kernel": spec.name, "family": family.value, "dtype": dtype, "regime": regime,
+                        "length": problem.length, "case": problem.key, "problem": base.key,
+                        "verdict": rec["verdict"], "cause": rec.get("cause"),
+                        "cond_max": rec.get("cond_max"), "baseline_ratio": rec.get("baseline_ratio"),
+                        "baseline_cond_max": rec.get("baseline_cond_max"),
+                        "exposes": bool(bug.exposes(problem)) if bug else None,
+                        "why": rec.get("why"),
+                    }
+                    if fh:  # the full record too, so that `--from-records` rebuilds every table
+                        fh.write(dumps(dict(row, problem_fields=problem.to_dict(), record=rec)) + "\n")
+                    row["record"] = rec  # the full record, to re-judge under other policies
+                    out.append(row)
+            if progress and (step + 1) % max(1, len(order) // 20) == 0:
+                print(f"  {step + 1} of {len(order)} steps, {len(out)} runs, "
+                      f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     finally:
         if fh:
             fh.close()

@@ -54,3 +54,29 @@ def test_joining_refuses_overlapping_jobs_and_records_without_the_full_record(ca
     old.write_text('{"kernel": "k", "case": "c", "position": 0}\n')
     with pytest.raises(SystemExit, match="no full record"):
         calibrate.load_rows([str(old)])
+
+
+def test_every_kernel_of_a_problem_shares_one_draw_one_oracle_and_one_baseline(calibrate, monkeypatch):
+    """The calibration runs each correct (and planted) kernel of a family on the same problem: the inputs,
+    the float64 oracle and the same-dtype baseline are computed once per problem, not once per kernel (a
+    monkeypatch on names the runner no longer called once made every kernel recompute all three)."""
+    from harness import runner
+    from harness.problems import Problem
+
+    calls = {"inputs": [], "traces": [], "baselines": []}
+    real = (Problem.make_inputs, runner.reference_traces, runner.baseline_outputs)
+
+    def counting(name, fn):
+        def wrapper(problem, *args):
+            calls[name].append(problem.replace(chunk_size=None, tf32=False).key)
+            return fn(problem, *args)
+        return wrapper
+
+    monkeypatch.setattr(Problem, "make_inputs", counting("inputs", real[0]))
+    monkeypatch.setattr(runner, "reference_traces", counting("traces", real[1]))
+    monkeypatch.setattr(runner, "baseline_outputs", counting("baselines", real[2]))
+    rows = calibrate.run(2, 3, "ci", ("float32",), None, False, families=("retention",), planted_bugs=False)
+    assert len(rows) >= 3 * len({r["problem"] for r in rows})
+    assert not [r for r in rows if r["verdict"] == "divergent"]  # whose precision re-run draws its own oracle
+    for name, keys in calls.items():
+        assert len(keys) == len(set(keys)) == len({r["problem"] for r in rows}), (name, len(keys))

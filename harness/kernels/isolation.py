@@ -346,9 +346,11 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
-    try:
-        os.setsid()  # a process group of its own: closing the worker takes down what the kernel started too
-    except OSError:  # already a group leader (not under a forkserver): close() then kills the worker alone
+    try:  # a process group of its own: closing the worker takes down what the kernel started too. Not a
+        # session of its own (setsid): under autogroup scheduling a new session is a new CPU group at full
+        # weight, and every worker of a `nice`d run would escape the priority its caller gave the run
+        os.setpgid(0, 0)
+    except OSError:  # a session leader (not under a forkserver): close() then kills the worker alone
         pass
     _die_with_parent()  # out of the harness's group, so a kill of that group no longer reaches it: this does
     from harness.kernels.triton_interpreter import interpret_if_no_gpu

@@ -133,6 +133,9 @@ def test_a_helper_process_the_kernel_started_does_not_outlive_its_worker(tmp_pat
     assert [r["verdict"] for r in stored] == ["equivalent"] * 5, [r.get("why") for r in stored]
     started = [int(p.name) for p in set(HELPERS.iterdir()) - before]
     assert len(started) == 2 and all(_running(pid) for pid in started)  # the kernel did start them
+    # in a process group of the worker's own, in the harness's session (the CPU weight it was given, `nice`
+    # and autogroup, holds for its workers too)
+    assert all(os.getpgid(pid) != os.getpgid(0) and os.getsid(pid) == os.getsid(0) for pid in started)
     isolation.shutdown()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_running(pid) for pid in started):
