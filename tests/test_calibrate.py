@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import sys
 from pathlib import Path
@@ -80,3 +81,53 @@ def test_every_kernel_of_a_problem_shares_one_draw_one_oracle_and_one_baseline(c
     assert not [r for r in rows if r["verdict"] == "divergent"]  # whose precision re-run draws its own oracle
     for name, keys in calls.items():
         assert len(keys) == len(set(keys)) == len({r["problem"] for r in rows}), (name, len(keys))
+
+
+def test_a_calibration_keeps_one_worker_per_kernel_alive(calibrate, monkeypatch):
+    """Each problem cycles through its family's kernels (here 7, over the default of 4 live workers): the
+    run keeps one worker per kernel instead of restarting each kernel's worker, and its package import,
+    on every case; the session's limit is restored afterwards."""
+    from harness.kernels import isolation
+
+    isolation.shutdown()
+    started = []
+
+    class Counting(isolation.Worker):
+        def __init__(self, ref):
+            started.append(ref.key)
+            super().__init__(ref)
+
+    monkeypatch.setattr(isolation, "Worker", Counting)
+    monkeypatch.setattr(isolation._DEFAULTS, "isolation", "process")  # the tests' default is in-process
+    rows = calibrate.run(3, 3, "ci", ("float32",), None, False, families=("linear_scan",))
+    kernels = {r["kernel"] for r in rows}
+    assert len(kernels) > isolation.MAX_WORKERS and len(rows) == 3 * len(kernels)
+    assert len(started) == len(set(started)) == len(kernels), len(started)
+    assert isolation.max_workers() == isolation.MAX_WORKERS and len(isolation._WORKERS) <= isolation.MAX_WORKERS
+
+
+def test_the_worker_limit_is_checked_and_closes_the_least_recently_used(monkeypatch):
+    from harness.errors import InvalidArgument
+    from harness.kernels import isolation
+
+    for bad in (0, -1, 2.5, True, "4"):
+        with pytest.raises(InvalidArgument, match="max_workers"):
+            isolation.configure(max_workers=bad)
+    assert isolation.max_workers() == isolation.MAX_WORKERS
+
+    closed = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def close(self):
+            closed.append(self.name)
+
+    monkeypatch.setattr(isolation, "_WORKERS", collections.OrderedDict((n, Fake(n)) for n in "abcd"))
+    isolation._WORKERS.move_to_end("a")  # used last
+    try:
+        isolation.configure(max_workers=2)
+        assert closed == ["b", "c"] and list(isolation._WORKERS) == ["d", "a"]
+    finally:
+        isolation.configure(max_workers=isolation.MAX_WORKERS)

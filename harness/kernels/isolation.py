@@ -55,7 +55,9 @@ ISOLATION_MODES = ("process", "in-process")
 DEFAULT_ISOLATION = "process"
 #: Default per-call timeout in seconds.
 DEFAULT_TIMEOUT_S = 120.0
-#: How many workers stay alive at once (a sweep over many kernels closes the least recently used).
+#: How many workers stay alive at once by default (a sweep over many kernels closes the least recently used;
+#: a run that cycles through more kernels than this, case by case, raises it with `configure`, or every case
+#: restarts its kernel's worker and re-imports its package: seconds each for fla).
 MAX_WORKERS = 4
 #: How long a worker may take to start and load its kernel (imports of a third-party package included).
 START_TIMEOUT_S = 120.0
@@ -67,17 +69,33 @@ TAIL_LINES = 12
 class _Defaults:
     isolation: str = DEFAULT_ISOLATION
     timeout_s: float | None = DEFAULT_TIMEOUT_S
+    max_workers: int = MAX_WORKERS
 
 
 _DEFAULTS = _Defaults()
 
 
-def configure(*, isolation: str | None = None, timeout_s: float | None | type(...) = ...) -> None:
-    """Set the session's defaults (the CLI's ``--in-process`` / ``--timeout``, the pytest plugin's options)."""
+def configure(*, isolation: str | None = None, timeout_s: float | None | type(...) = ...,
+              max_workers: int | None = None) -> None:
+    """Set the session's defaults (the CLI's ``--in-process`` / ``--timeout``, the pytest plugin's options,
+    the calibration's worker count: one per kernel it cycles through)."""
     if isolation is not None:
         _DEFAULTS.isolation = validate_isolation(isolation)
     if timeout_s is not ...:
         _DEFAULTS.timeout_s = validate_timeout(timeout_s)
+    if max_workers is not None:
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            from harness.errors import InvalidArgument
+
+            raise InvalidArgument(f"max_workers={max_workers!r}; expected a whole number >= 1 (workers kept alive)")
+        _DEFAULTS.max_workers = max_workers
+        with _LOCK:
+            _trim(max_workers)
+
+
+def max_workers() -> int:
+    """How many workers stay alive at once (`configure`)."""
+    return _DEFAULTS.max_workers
 
 
 def default_isolation() -> str:
@@ -675,6 +693,13 @@ _WORKERS: "collections.OrderedDict[tuple, Worker]" = collections.OrderedDict()
 _LOCK = threading.RLock()
 
 
+def _trim(keep: int) -> None:
+    """Close the least recently used workers beyond ``keep`` (the caller holds ``_LOCK``)."""
+    while len(_WORKERS) > keep:
+        _, old = _WORKERS.popitem(last=False)
+        old.close()
+
+
 def worker_for(ref: KernelRef) -> Worker:
     """The live worker of ``ref``, started (or restarted) when needed; least recently used ones closed."""
     with _LOCK:
@@ -683,9 +708,7 @@ def worker_for(ref: KernelRef) -> Worker:
             _WORKERS.move_to_end(ref.key)
             return worker
         _WORKERS.pop(ref.key, None)
-        while len(_WORKERS) >= MAX_WORKERS:
-            _, old = _WORKERS.popitem(last=False)
-            old.close()
+        _trim(_DEFAULTS.max_workers - 1)
         _close_at_exit()
         worker = Worker(ref)
         _WORKERS[ref.key] = worker
