@@ -173,69 +173,67 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
     joins the jobs' records into the unsharded run's tables)."""
     from harness.kernels.contract import Family
     from harness.problems import REGIMES
+    from harness.kernels import isolation
     from harness.oracle_cache import OracleCache
     from harness.runner import RunOptions, run_case
     from harness.store import dumps
 
-    from harness.kernels import isolation
-
     rng = random.Random(seed)
     correct, planted = kernels(third_party, planted_bugs)
-    # every problem cycles through its family's kernels: one live worker each, or each case restarts its
-    # kernel's worker (seconds for a package such as fla; 41% of a nightly run's time before)
-    saved_workers = isolation.max_workers()
-    isolation.configure(max_workers=max_workers or max(saved_workers, len(correct) + len(planted)))
+    # every problem cycles through its family's kernels: one live worker each (41% of a nightly run's
+    # time went to restarting them, with the default limit)
+    kept = isolation.workers_kept(len(correct) + len(planted), limit=max_workers)
     options = RunOptions(oracle_cache=OracleCache(max_entries=4))
     out: list[dict] = []
     fh = open(records_path, "w") if records_path else None
     start = time.perf_counter()
     fams = [f for f in Family if f in REGIMES and (families is None or f.value in families)]  # wired families
-    try:
-        if max_seconds is None:
-            order = [[(i, d, f)] for d in dtypes for f in fams for i in range(cases)]
-        else:
-            order = [[(i, d, f) for d in dtypes for f in fams] for i in range(cases)]
-        position = -1
-        for step, batch in enumerate(order):
-            if max_seconds is not None and time.perf_counter() - start > max_seconds:
-                if progress:
-                    print(f"  time limit: stopped after {step} problems per (dtype, family)", file=sys.stderr)
-                break
-            for i, dtype, family in batch:
-                regimes = REGIMES[family]
-                fam_kernels = [(s, b) for s, b in correct + planted if s.family is family
-                               and s.capabilities.runs(dtype, "cpu") is None]
-                regime = regimes[i % len(regimes)]
-                base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile,
-                                    max_length=max_length)
-                position += 1
-                if shard is not None and position % shard.count != shard.index - 1:
-                    continue  # drawn (the draws stay the unsharded run's), run by another job
-                for spec, bug in fam_kernels:
-                    problem = base if spec.capabilities.takes_chunk else base.replace(chunk_size=None)
-                    problem = _fit(problem, spec)
-                    rec = run_case(spec, problem, options)
-                    row = {
-                        "kind": "planted" if bug else "correct", "position": position,
-                        "kernel": spec.name, "family": family.value, "dtype": dtype, "regime": regime,
-                        "length": problem.length, "case": problem.key, "problem": base.key,
-                        "verdict": rec["verdict"], "cause": rec.get("cause"),
-                        "cond_max": rec.get("cond_max"), "baseline_ratio": rec.get("baseline_ratio"),
-                        "baseline_cond_max": rec.get("baseline_cond_max"),
-                        "exposes": bool(bug.exposes(problem)) if bug else None,
-                        "why": rec.get("why"),
-                    }
-                    if fh:  # the full record too, so that `--from-records` rebuilds every table
-                        fh.write(dumps(dict(row, problem_fields=problem.to_dict(), record=rec)) + "\n")
-                    row["record"] = rec  # the full record, to re-judge under other policies
-                    out.append(row)
-            if progress and (step + 1) % max(1, len(order) // 20) == 0:
-                print(f"  {step + 1} of {len(order)} steps, {len(out)} runs, "
-                      f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    finally:
-        isolation.configure(max_workers=saved_workers)
-        if fh:
-            fh.close()
+    with kept:
+        try:
+            if max_seconds is None:
+                order = [[(i, d, f)] for d in dtypes for f in fams for i in range(cases)]
+            else:
+                order = [[(i, d, f) for d in dtypes for f in fams] for i in range(cases)]
+            position = -1
+            for step, batch in enumerate(order):
+                if max_seconds is not None and time.perf_counter() - start > max_seconds:
+                    if progress:
+                        print(f"  time limit: stopped after {step} problems per (dtype, family)", file=sys.stderr)
+                    break
+                for i, dtype, family in batch:
+                    regimes = REGIMES[family]
+                    fam_kernels = [(s, b) for s, b in correct + planted if s.family is family
+                                   and s.capabilities.runs(dtype, "cpu") is None]
+                    regime = regimes[i % len(regimes)]
+                    base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile,
+                                        max_length=max_length)
+                    position += 1
+                    if shard is not None and position % shard.count != shard.index - 1:
+                        continue  # drawn (the draws stay the unsharded run's), run by another job
+                    for spec, bug in fam_kernels:
+                        problem = base if spec.capabilities.takes_chunk else base.replace(chunk_size=None)
+                        problem = _fit(problem, spec)
+                        rec = run_case(spec, problem, options)
+                        row = {
+                            "kind": "planted" if bug else "correct", "position": position,
+                            "kernel": spec.name, "family": family.value, "dtype": dtype, "regime": regime,
+                            "length": problem.length, "case": problem.key, "problem": base.key,
+                            "verdict": rec["verdict"], "cause": rec.get("cause"),
+                            "cond_max": rec.get("cond_max"), "baseline_ratio": rec.get("baseline_ratio"),
+                            "baseline_cond_max": rec.get("baseline_cond_max"),
+                            "exposes": bool(bug.exposes(problem)) if bug else None,
+                            "why": rec.get("why"),
+                        }
+                        if fh:  # the full record too, so that `--from-records` rebuilds every table
+                            fh.write(dumps(dict(row, problem_fields=problem.to_dict(), record=rec)) + "\n")
+                        row["record"] = rec  # the full record, to re-judge under other policies
+                        out.append(row)
+                if progress and (step + 1) % max(1, len(order) // 20) == 0:
+                    print(f"  {step + 1} of {len(order)} steps, {len(out)} runs, "
+                          f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        finally:
+            if fh:
+                fh.close()
     return out
 
 

@@ -688,6 +688,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _sweep(args: argparse.Namespace, argv: Sequence[str] | None, t_start: float) -> int:
     """Load, plan, determinism, grid and finish (`main` holds the SIGTERM handler around it)."""
+    from harness.kernels import isolation
+
     out = Path(args.out_dir)
 
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
@@ -748,9 +750,12 @@ def _sweep(args: argparse.Namespace, argv: Sequence[str] | None, t_start: float)
     oracle_stats = {"hits": 0, "misses": 0}
     try:
         det_deadline = min(sweep.deadline, time.perf_counter() + args.determinism_budget_s)
-        run_determinism(sweep, det_cases, det_deadline)
-        oracle_stats = sweep.oracle.stats
-        run_grid(sweep, cases, store)
+        # the grid goes length by length through every kernel (one oracle per problem): one live worker
+        # per kernel, or every case restarts its kernel's worker (a CUDA context and the package's imports)
+        with isolation.workers_kept(len(specs)):
+            run_determinism(sweep, det_cases, det_deadline)
+            oracle_stats = sweep.oracle.stats
+            run_grid(sweep, cases, store)
     except (CutShort, KeyboardInterrupt) as exc:
         cut_short = str(exc) or type(exc).__name__
         log(f"cut short: {cut_short}")

@@ -98,6 +98,20 @@ def max_workers() -> int:
     return _DEFAULTS.max_workers
 
 
+@contextlib.contextmanager
+def workers_kept(count: int, limit: int | None = None):
+    """Keep at least ``count`` workers alive inside the block (``limit``, when given, instead), then the
+    previous limit again. For a run that goes problem by problem through more kernels than `MAX_WORKERS`
+    (to share one oracle): with fewer live workers than kernels every case restarts its kernel's worker,
+    and with it the package's imports (seconds for fla) or a CUDA context."""
+    saved = _DEFAULTS.max_workers
+    configure(max_workers=limit if limit is not None else max(saved, count))
+    try:
+        yield
+    finally:
+        configure(max_workers=saved)
+
+
 def default_isolation() -> str:
     return _DEFAULTS.isolation
 
