@@ -192,3 +192,25 @@ def test_check_message_shows_what_the_kernel_was_handed(tmp_path_factory):
     shape = f"({p['batch']}, {p['dim']}, {p['length']}) float32"
     assert call == f"Call: fn(a {shape}, b {shape})", call
     assert lines.index(call) < next(i for i, line in enumerate(lines) if line.startswith("Replay:"))
+
+
+def test_a_kernel_that_writes_into_a_keyword_input_is_reported_by_its_name():
+    """The initial state (and D, z, a bias) travel as keywords: a kernel that reuses its caller's state
+    buffer is a mutated input, named, not the nondeterminism that its second call would show."""
+    from harness.api import user_kernel_spec
+    from reference_impls.gated_decay import simple_gla
+
+    def reuses_the_initial_state(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+        out = simple_gla(q, k, v, g, scale, initial_state, output_final_state, compute_dtype=q.dtype)
+        if initial_state is not None:
+            initial_state.mul_(0.5)  # its own scratch buffer, it thought
+        return out
+
+    spec = user_kernel_spec(reuses_the_initial_state, family="simple_gla")
+    p = Problem(family="simple_gla", length=9, dtype="float32", batch=1, heads=2, dk=4, dv=4, seed=3,
+                has_initial_state=True)
+    record = run_case(spec, p, IN_PROCESS)
+    assert record["outcome"] == Outcome.MUTATED_INPUT.value, record["error"]
+    assert "input 'initial_state'" in record["error"] and record["verdict"] == "kernel_error"
+    record = run_case(spec, p.replace(has_initial_state=False), IN_PROCESS)  # the same kernel, no state handed
+    assert record["verdict"] == "equivalent", record.get("why")

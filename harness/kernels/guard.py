@@ -162,7 +162,10 @@ def call_guarded(
     float32_dots: str | None = None,
 ) -> CallResult:
     """Call ``fn(*args, **kwargs)`` (in ``worker``'s process when given) and check the contract on the output."""
-    snapshots = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
+    # every tensor it is handed, positional and keyword (an initial state, D, z, a bias): a kernel that
+    # writes into one is reported as such, not as the nondeterminism its second call would show
+    handed = [(f"input #{i}", a) for i, a in enumerate(args)] + [(f"input {k!r}", v) for k, v in kwargs.items()]
+    snapshots = [(name, a, a.clone()) for name, a in handed if isinstance(a, torch.Tensor)]
     expected_device = torch.device(expected_device)
     if worker is not None:
         isolation.warm(worker)  # a worker's start is not the kernel's time
@@ -175,11 +178,11 @@ def call_guarded(
         return CallResult(Outcome.CRASHED, None, value, seconds, note)
     if status == "raised":
         return CallResult(Outcome.RAISED, None, value, seconds, note)
-    for i, (arg, snap) in enumerate(zip(args, snapshots)):
-        if snap is not None and not _same(arg, snap):
+    for name, arg, snap in snapshots:
+        if not _same(arg, snap):
             n = int((arg != snap).sum()) if arg.shape == snap.shape else arg.numel()
             return CallResult(Outcome.MUTATED_INPUT, value if isinstance(value, torch.Tensor) else None,
-                              f"input #{i} (shape {tuple(snap.shape)}) was written to: {n} elements changed",
+                              f"{name} (shape {tuple(snap.shape)}) was written to: {n} elements changed",
                               seconds, note)
     if status == "value":
         return CallResult(Outcome.NOT_A_TENSOR, None,
