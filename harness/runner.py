@@ -471,6 +471,7 @@ def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: to
     record["final_state_verdict"] = state.verdict.value
     record["final_state_why"] = state.why
     if SEVERITY.index(state.verdict) < SEVERITY.index(judgement.verdict):
+        record["verdict_target"] = "final_state"  # the counterfactuals then compare the final state's errors
         return Judgement(state.verdict, f"final state: {state.why}", state.rule)
     return judgement
 
@@ -520,7 +521,14 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     again = _rerun_in(other, spec, problem, inputs, options, kernel_fn)
     record[f"{other}_verdict"] = again["verdict"]
     record[f"{other}_cond_max"] = again.get("cond_max")
-    mine = {"verdict": judgement.verdict.value, "dtype": precision, "cond_max": record.get("cond_max"),
+    # the cond errors of the target that made the case divergent: a wrong final state beside a right output
+    # is not an output error that scales with the roundoff
+    target = "final_state_" if record.get("verdict_target") == "final_state" else ""
+    whose = "the final state's " if target else ""
+    if target:
+        record[f"{other}_final_state_cond_max"] = again.get("final_state_cond_max")
+        again = dict(again, cond_max=again.get("final_state_cond_max"))
+    mine = {"verdict": judgement.verdict.value, "dtype": precision, "cond_max": record.get(f"{target}cond_max"),
             "n_kernel_nonfinite": record.get("n_kernel_nonfinite")}
     wide, narrow = (again, mine) if low else (mine, again)
     scales = (not wide.get("n_kernel_nonfinite") and not narrow.get("n_kernel_nonfinite")
@@ -530,7 +538,8 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     if low and again["verdict"] == Verdict.EQUIVALENT.value:
         found = f"the same inputs in float64 are equivalent (cond_max {again.get('cond_max'):.3g})"
     elif scales:
-        found = (f"the error shrinks with the unit roundoff, as rounding does and a mistake does not: cond_max "
+        found = (f"the error shrinks with the unit roundoff, as rounding does and a mistake does not: "
+                 f"{whose}cond_max "
                  f"{wide.get('cond_max'):.3g} in float64, {narrow.get('cond_max'):.3g} in {narrow.get('dtype')} "
                  f"on the same inputs{' rounded to float32' if not low else ''} (each in units of its own dtype's "
                  "rounding bound)")
@@ -540,7 +549,7 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
                                        f"{other} is {again['verdict']} ({why[:160]})", judgement.rule)
     else:
         return "kernel_bug", judgement
-    ratio = record.get("baseline_ratio")
+    ratio = None if target else record.get("baseline_ratio")  # the output's
     factor = (f"; it errs {ratio:.3g}x the {precision} sequential loop"
               if low and isinstance(ratio, float) and ratio == ratio else "")
     if low and record.get("n_kernel_nonfinite"):  # NaN/Inf where the oracle is finite and in range: a range loss

@@ -218,6 +218,30 @@ def test_a_float64_mistake_stays_a_kernel_bug_after_the_float32_rerun():
     assert rec["float32_verdict"] == "divergent" and rec["cond_max"] > 1e6 * rec["float32_cond_max"]
 
 
+def _final_state_one_step_early(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    """A right output beside a final state taken before the last step's update."""
+    from reference_impls.gated_decay import simple_gla
+
+    out, state = simple_gla(q, k, v, g, scale, initial_state, output_final_state, compute_dtype=q.dtype)
+    if output_final_state:
+        _, state = simple_gla(*(x[:, :-1] for x in (q, k, v, g)), scale, initial_state, True, compute_dtype=q.dtype)
+    return out, state
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_wrong_final_state_beside_a_right_output_stays_a_kernel_bug(dtype):
+    """The second-dtype check compares the errors of the target that made the case divergent: the output's
+    cond errors (rounding, alike in both dtypes) said nothing about the final state's."""
+    from harness.api import user_kernel_spec
+
+    spec = user_kernel_spec(_final_state_one_step_early, family="simple_gla")
+    p = Problem(family="simple_gla", length=12, dtype=dtype, batch=1, heads=2, dk=4, dv=4, seed=5, final_state=True)
+    rec = run_case(spec, p, RunOptions(timeout_s=None, isolation="in-process"))
+    assert rec["verdict"] == "divergent" and rec["why"].startswith("final state:"), rec["why"]
+    assert rec["cause"] == "kernel_bug", rec["why"]
+    assert rec["cond_max"] < 1 < rec["final_state_cond_max"]  # the output is right
+
+
 def _masked_by_infinite_distance(q, k, v, *, reach: int = 0):
     """Parallel retention whose mask is ``gamma ** distance`` with the future's distance set to inf,
     gamma rounded to the input dtype (yet-another-retnet 0.5.0's decay mask): causal while every
