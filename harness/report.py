@@ -156,6 +156,13 @@ def _cond_rank(value: Any) -> float:
     return math.inf if math.isnan(v) else v
 
 
+def case_cond(record: Mapping[str, Any]) -> Any:
+    """A case's cond_max over its measured targets: the output's, or the final state's where that is worse
+    (a gated kernel with a right output and a wrong final state is divergent on the latter)."""
+    out, state = record.get("cond_max"), record.get("final_state_cond_max")
+    return state if state is not None and _cond_rank(state) > _cond_rank(out) else out
+
+
 def canonical_order(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The records in one order that does not depend on which file or worker wrote them."""
     from harness.store import dumps
@@ -231,17 +238,17 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                           []).append(r)
     rows = []
     for (kernel, family, dtype), recs in groups.items():
-        worst = max(recs, key=lambda r: (severity(r.get("verdict")), _cond_rank(r.get("cond_max"))))
+        worst = max(recs, key=lambda r: (severity(r.get("verdict")), _cond_rank(case_cond(r))))
         counts = verdict_counts(recs)
         row: dict[str, Any] = {"kernel": kernel, "family": family, "dtype": dtype, "n": len(recs)}
         row.update({v: counts.get(v, 0) for v in VERDICTS})
         row.update({
             "worst_verdict": str(worst.get("verdict")), "worst_cause": _key_text(worst.get("cause")),
-            "worst_cond_max": number(worst.get("cond_max")),
+            "worst_cond_max": number(case_cond(worst)),
             "worst_max_abs": number(worst.get("max_abs")), "worst_length": number(worst.get("length")),
             "worst_regime": _key_text(worst.get("regime")), "worst_eps": _key_text(worst.get("eps")),
             "worst_chunk_size": _key_text(worst.get("chunk_size")), "worst_case": _key_text(worst.get("case")),
-            "_rank": (-severity(worst.get("verdict")), -_cond_rank(worst.get("cond_max")), kernel, family, dtype),
+            "_rank": (-severity(worst.get("verdict")), -_cond_rank(case_cond(worst)), kernel, family, dtype),
         })
         rows.append(row)
     rows.sort(key=lambda row: row["_rank"])
@@ -495,8 +502,9 @@ def summary_markdown(records: Sequence[Mapping[str, Any]]) -> str:
 
 #: Under the summary table: which case its ``worst_*`` columns describe (a new user read them as the
 #: largest cond of the row, which the findings give).
-SUMMARY_CAPTION = ("_worst_*: each row's worst case, by verdict first and then cond_max; an `out_of_domain` case "
-                   "outranks an equivalent one with a larger cond (the findings give each group's largest)._")
+SUMMARY_CAPTION = ("_worst_*: each row's worst case, by verdict first and then cond_max (the output's, or the final "
+                   "state's where that is larger); an `out_of_domain` case outranks an equivalent one with a larger "
+                   "cond (the findings give each group's largest)._")
 
 
 def run_summary_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any] | None = None) -> str:

@@ -248,3 +248,14 @@ def test_step_summary_is_appended_when_the_variable_is_set(tmp_path):
     assert append_step_summary("| a |\n|---|", {"GITHUB_STEP_SUMMARY": str(target)}) == target
     assert target.read_text() == "earlier step\n| a |\n|---|\n\n"
     assert append_step_summary("x", {}) is None
+
+
+def test_the_summary_shows_a_wrong_final_state_not_the_right_output_beside_it():
+    """A gated case divergent on its final state: the worst case and its cond are the final state's (the
+    summary showed the output's 0.118 beside a final state at 1.8e15)."""
+    base = {"kernel": "k", "family": "simple_gla", "dtype": "float64", "length": 64, "regime": "trained"}
+    records = [dict(base, case="a", verdict="divergent", cond_max=0.118, final_state_cond_max=1.76e15),
+               dict(base, case="b", verdict="divergent", cond_max=40.0, final_state_cond_max=0.5),
+               dict(base, case="c", verdict="equivalent", cond_max=0.2)]
+    row = summary_table(records).iloc[0]
+    assert row["worst_case"] == "a" and row["worst_cond_max"] == pytest.approx(1.76e15)
