@@ -8,7 +8,7 @@ turn, so each regime gets the same share). Input values are generated from each 
 strategy's explicit, hypothesis-drawn values are not used). Every problem is run on:
 
 - the CORRECT kernels: the in-tree forms and the sequential baselines (``source == "intree"``), and
-- the PLANTED bugs of `tests.planted.bugs`,
+- the planted bugs of `tests.planted.bugs` and `tests.planted.tiling`,
 
 each through `harness.runner.run_case` with the default `harness.verdict.Policy`. Per dtype it reports:
 the cases run on correct kernels, their false-alarm rate (judged divergent or kernel_error), the
@@ -65,13 +65,20 @@ def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked
         length = max(1, min(top, int(round(math.exp(rng.uniform(0.0, math.log(top)))))))
     fields = dict(family=family, length=length, dtype=dtype, regime=regime, batch=rng.randint(1, lim.max_batch),
                   seed=rng.randrange(2**31))
+
+    def size(top: int) -> int:
+        """A head dim or state size: 1 .. top, or one time in four a tile edge beyond it (as the strategies'
+        `harness.families.base.draw_size`)."""
+        edges = [e for e in lim.tile_edges if e > top]
+        return rng.choice(edges) if edges and rng.random() < 0.25 else rng.randint(1, top)
+
     if chunked:
         fields["chunk_size"] = rng.choice(sorted({1, 2, 3, 4, 5, 7, 8, 16, 64, length, length + 1,
                                                   max(1, length // 2), rng.randint(1, length + 2)}))
     if family in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
         fields["dim"] = rng.randint(1, lim.max_dim)
     if family is Family.SELECTIVE_SCAN:
-        fields["state"] = rng.randint(1, lim.max_state)
+        fields["state"] = size(lim.max_state)
         if rng.random() < 0.5:
             fields["groups"] = rng.choice([g for g in range(1, fields["dim"] + 1) if fields["dim"] % g == 0])
         for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):
@@ -80,16 +87,16 @@ def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked
             fields["delta_softplus"] = False
     if family in (Family.RETENTION, Family.RETENTION_NORMED):
         fields["heads"] = rng.randint(1, lim.max_heads)
-        fields["dk"] = rng.randint(1, lim.max_head_dim)
-        fields["dv"] = rng.randint(1, lim.max_head_dim)
+        fields["dk"] = size(lim.max_head_dim)
+        fields["dv"] = size(lim.max_head_dim)
     if family in (Family.SIMPLE_GLA, Family.GLA, Family.SSD):
         fields["heads"] = rng.randint(1, lim.max_heads)
-        fields["dv"] = rng.randint(1, lim.max_head_dim)
+        fields["dv"] = size(lim.max_head_dim)
         if family is Family.SSD:  # heads a multiple of the B/C groups; the state size N
             fields["groups"] = rng.choice([g for g in range(1, fields["heads"] + 1) if fields["heads"] % g == 0])
-            fields["state"] = rng.randint(1, lim.max_state)
+            fields["state"] = size(lim.max_state)
         else:
-            fields["dk"] = rng.randint(1, lim.max_head_dim)
+            fields["dk"] = size(lim.max_head_dim)
     if family is Family.RETENTION_NORMED:
         lo, hi = math.log10(EPS_ZERO_AND_RANGE[1]), math.log10(EPS_ZERO_AND_RANGE[2])
         fields["eps"] = 0.0 if rng.random() < 0.5 else float(f"{10.0 ** rng.uniform(lo, hi):.3g}")
@@ -150,9 +157,13 @@ def kernels(third_party: bool = False, planted_bugs: bool = True):
     """The correct kernels (in-tree; with ``third_party`` also every available third-party adapter that
     is not an interpreted Triton kernel) and the planted bugs."""
     from harness.kernels import registry
-    from tests.planted.bugs import PLANTED
-
     from harness.kernels.gated_forms import DIVERGENT_BY_DESIGN
+    from tests.planted.bugs import PLANTED as SCAN_AND_RETENTION
+    from tests.planted.tiling import TILING_PLANTED
+
+    # not tests.planted.gated's: their `exposes` are approximate (a chunk overflow needs a long enough
+    # chunk of strong decay in float32), and the table counts a case they call exposing as a miss
+    PLANTED = [*SCAN_AND_RETENTION, *TILING_PLANTED]
 
     correct = [(spec, None) for spec in registry.all_kernels() if spec.name not in DIVERGENT_BY_DESIGN
                and (spec.source == "intree" or (third_party and spec.source != "user" and not spec.capabilities.slow))

@@ -39,10 +39,11 @@ from harness.runner import RunOptions, run_case
 from tests.planted.search import Timeline, n_inputs
 from tests.planted.bugs import PLANTED as SCAN_AND_RETENTION_PLANTED, PlantedBug
 from tests.planted.gated import GATED_PLANTED
+from tests.planted.tiling import TILING_PLANTED
 
-#: Every planted bug: the scans' and retention's (`tests.planted.bugs`), and the gated families'
-#: (`tests.planted.gated`).
-PLANTED = [*SCAN_AND_RETENTION_PLANTED, *GATED_PLANTED]
+#: Every planted bug: the scans' and retention's (`tests.planted.bugs`), the gated families'
+#: (`tests.planted.gated`) and the tiled kernels' (`tests.planted.tiling`).
+PLANTED = [*SCAN_AND_RETENTION_PLANTED, *GATED_PLANTED, *TILING_PLANTED]
 
 PROFILE = "ci"
 #: Longest length drawn, unless a planted bug declares the length that exposes it.
@@ -56,7 +57,7 @@ from harness.records import FAILING_VERDICTS as FAILING  # noqa: E402 - the one 
 def test_the_library_is_big_enough():
     families = {bug.family.value for bug in PLANTED}
     assert len(PLANTED) >= 15
-    assert families == {"linear_scan", "selective_scan", "retention", "retention_normed", "simple_gla", "gla"}
+    assert families == {"linear_scan", "selective_scan", "retention", "retention_normed", "simple_gla", "gla", "ssd"}
     assert len({bug.name for bug in PLANTED}) == len(PLANTED)
     for bug in PLANTED:
         assert bug.fn.__doc__ and bug.description, bug.name
@@ -127,7 +128,7 @@ def witness(family: str, chunked: bool) -> Problem:
 
 @pytest.mark.parametrize("bug", PLANTED, ids=[b.name for b in PLANTED])
 def test_every_bug_is_seen_on_a_case_that_exposes_it(bug: PlantedBug):
-    problem = witness(bug.family.value, bug.capabilities.takes_chunk)
+    problem = bug.witness or witness(bug.family.value, bug.capabilities.takes_chunk)
     assert bug.exposes(problem)
     record = run_case(bug.spec, problem, RunOptions())
     assert record["verdict"] in FAILING, record["why"]
@@ -214,3 +215,11 @@ def test_no_false_alarm_on_a_correct_kernel(name, tmp_path):
     assert result.passed, result.message
     assert len(result.records) > 0
     assert not list(tmp_path.iterdir()), "a passing check must not save a counterexample"
+
+
+@pytest.mark.parametrize("bug", [b for b in PLANTED if b.witness is not None], ids=lambda b: b.name)
+def test_a_bugs_own_witness_passes_on_the_correct_chunk_kernel(bug: PlantedBug):
+    """The witness of a bug past a tile shows that bug, not something a correct kernel does there too."""
+    spec = registry.get(f"intree.{bug.family.value}_chunk")
+    record = run_case(spec, bug.witness, RunOptions())
+    assert record["verdict"] == "equivalent", record["why"]

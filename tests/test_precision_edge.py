@@ -487,3 +487,40 @@ def test_check_s_message_carries_the_run_s_why_and_cause():
                    save_counterexample=False, grad=False, isolation="in-process", shrink_deadline_s=20)
     assert not result.passed and result.failure["cause"] == "kernel_bug"
     assert "future leak: flipping the sign of v" in result.message and "\nCause: kernel_bug" in result.message
+
+
+def _ssd_exact_softplus(x, dt, A, B, C, chunk_size=64, D=None, z=None, dt_bias=None, dt_softplus=False,
+                        initial_states=None, seq_idx=None, return_final_states=False):
+    """Mamba-2 SSD with softplus computed exactly, log1p(exp(x)) everywhere (no threshold at 20)."""
+    from harness.kernels import gated_forms as gf
+
+    if dt_bias is not None:
+        dt = dt + dt_bias
+    if dt_softplus:
+        dt = torch.log1p(torch.exp(dt))
+    return gf.ssd_chunk(x, dt, A, B, C, chunk_size, D, z, None, False, initial_states, seq_idx, return_final_states)
+
+
+def test_exact_softplus_is_not_a_float64_bug():
+    """Torch's softplus returns x above 20; the exact one differs by exp(-x), half a million float64 ulps
+    at 20.5. Both are softplus as kernels write it: float64 cases keep their pre-activations out of the
+    band where they differ (a kernel with the exact one was a float64 kernel_bug in large_dt)."""
+    from harness.api import user_kernel_spec
+    from harness.families.ssd import SOFTPLUS_CONVENTIONS_AGREE
+
+    spec = user_kernel_spec(_ssd_exact_softplus, family="ssd")
+    for seed in range(6):
+        p = Problem(family="ssd", regime="large_dt", dtype="float64", length=24, batch=1, heads=3, groups=1, dv=2,
+                    state=3, chunk_size=8, delta_softplus=True, has_delta_bias=seed % 2 == 1, seed=seed)
+        raw = p.float64_inputs()["dt"]
+        assert not ((raw > 20.0) & (raw < SOFTPLUS_CONVENTIONS_AGREE)).any() and (raw > 20.0).any()
+        rec = run_case(spec, p, RunOptions(timeout_s=None, isolation="in-process"))
+        assert rec["verdict"] == "equivalent", rec["why"]
+    # float32 keeps the band: there the two conventions agree to within float32's rounding
+    in_band = [p for p in (Problem(family="ssd", regime="large_dt", dtype="float32", length=24, batch=1, heads=3,
+                                   groups=1, dv=2, state=3, chunk_size=8, delta_softplus=True, seed=seed)
+                           for seed in range(8))
+               if ((p.float64_inputs()["dt"] > 20.0) & (p.float64_inputs()["dt"] < SOFTPLUS_CONVENTIONS_AGREE)).any()]
+    assert in_band
+    p = in_band[0]
+    assert run_case(spec, p, RunOptions(timeout_s=None, isolation="in-process"))["verdict"] == "equivalent"

@@ -198,6 +198,17 @@ class FamilyDef:
         return f"<family {self.family.value}>"
 
 
+def draw_size(draw, top: int, lim, cap: int | None = None) -> int:
+    """A head dim or state size: 1 .. ``top`` three times in four, else one of the profile's tile edges
+    beyond ``top`` (`harness.settings.Limits.tile_edges`, up to the kernel's ``cap``). Shrinks to 1."""
+    from hypothesis import strategies as st
+
+    edges = [e for e in lim.tile_edges if e > top and (cap is None or e <= cap)]
+    if edges and draw(st.sampled_from(("range", "range", "range", "edge"))) == "edge":
+        return draw(st.sampled_from(edges))
+    return draw(st.integers(1, top))
+
+
 def draw_heads(draw, caps, lim) -> dict[str, int]:
     """Heads and head dims (dk, dv) of a (q, k, v) family, within the kernel's declared head dims or the
     profile's limits; drawn in this order (heads, dk, dv), which the derandomized ci draws depend on."""
@@ -209,6 +220,6 @@ def draw_heads(draw, caps, lim) -> dict[str, int]:
         fields["dv"] = draw(st.sampled_from(caps.head_dims))
     else:
         top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
-        fields["dk"] = draw(st.integers(1, top_d))
-        fields["dv"] = draw(st.integers(1, top_d))
+        fields["dk"] = draw_size(draw, top_d, lim, caps.max_state)
+        fields["dv"] = draw_size(draw, top_d, lim, caps.max_state)
     return fields

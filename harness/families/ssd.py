@@ -35,10 +35,19 @@ from typing import Any
 import torch
 
 from harness.errors import InvalidArgument
-from harness.families.base import randn, uniform
+from harness.families.base import draw_size, randn, uniform
 from harness.families.simple_gla import StatefulFamily, check_decay_floor, decay_floor, draw_state_options
 from harness.kernels.contract import Family
 
+
+
+#: Above 20 torch's softplus returns x (as mamba-ssm's and fla's kernels do); the exact log1p(exp(x))
+#: differs from it by about exp(-x), more than float64's rounding of x until x is about 34 (at 20.5:
+#: 1.25e-9, half a million float64 ulps of x). Both are softplus as kernels write it, so a float64 case (where the
+#: difference shows) keeps its pre-activations out of (20, 37): shifted up by `SOFTPLUS_SHIFT`, still in
+#: the linear branch of both. In float32 the two agree to within its rounding everywhere.
+SOFTPLUS_CONVENTIONS_AGREE = 37.0
+SOFTPLUS_SHIFT = SOFTPLUS_CONVENTIONS_AGREE - 20.0
 
 class SSD(StatefulFamily):
     family = Family.SSD
@@ -103,6 +112,8 @@ class SSD(StatefulFamily):
         elif p.delta_softplus:  # the pre-activation whose softplus is about the step (itself where linear)
             raw = torch.where(step > 20.0, step, torch.log(torch.expm1(step)))
             dt = raw + 0.5 * randn((b, L, H), gen)
+            if p.dtype == "float64":  # out of the band where the two softplus conventions differ (below)
+                dt = torch.where((dt > 20.0) & (dt < SOFTPLUS_CONVENTIONS_AGREE), dt + SOFTPLUS_SHIFT, dt)
         else:
             dt = step * torch.exp(0.5 * randn((b, L, H), gen))
         out = {"x": randn(shapes["x"], gen) * s, "dt": dt, "A": A,
@@ -188,8 +199,8 @@ class SSD(StatefulFamily):
         groups = draw(st.integers(1, max(1, lim.max_heads)))
         fields = {"groups": groups, "heads": groups * draw(st.integers(1, max(1, lim.max_heads // groups)))}
         top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
-        fields["dv"] = draw(st.integers(1, top_d))
-        fields["state"] = draw(st.integers(1, min(lim.max_state, caps.max_state or lim.max_state)))
+        fields["dv"] = draw_size(draw, top_d, lim, caps.max_state)
+        fields["state"] = draw_size(draw, min(lim.max_state, caps.max_state or lim.max_state), lim, caps.max_state)
         if caps.selective_options:
             for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):
                 fields[flag] = draw(st.booleans())

@@ -442,6 +442,8 @@ class PlantedBug:
     max_length: int | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     exposes: Callable[[Problem], bool] = lambda p: True
+    #: A float64 problem that exposes the bug, where the family's usual witness does not (dims past a tile).
+    witness: Problem | None = None
 
     @property
     def spec(self) -> KernelSpec:
