@@ -173,7 +173,7 @@ def call_guarded(
     status, value, note = execute(fn, args, kwargs, timeout_s, worker=worker, float32_dots=float32_dots)
     seconds = time.perf_counter() - start
     if status == "timeout":
-        return CallResult(Outcome.TIMEOUT, None, f"no result after {timeout_s:g} s", seconds, note)
+        return CallResult(Outcome.TIMEOUT, None, value or f"no result after {timeout_s:g} s", seconds, note)
     if status == "crashed":
         return CallResult(Outcome.CRASHED, None, value, seconds, note)
     if status == "raised":
@@ -203,8 +203,8 @@ def call_guarded(
         status2, value2, note2 = execute(fn, args, kwargs, timeout_s, worker=worker, float32_dots=float32_dots)
         note = note or note2
         if status2 == "timeout":
-            return CallResult(Outcome.TIMEOUT, None, f"the second call (determinism check) gave no result after "
-                              f"{timeout_s:g} s", seconds, note)
+            return CallResult(Outcome.TIMEOUT, None, "the second call (determinism check): "
+                              + (value2 or f"no result after {timeout_s:g} s"), seconds, note)
         if status2 == "crashed":
             return CallResult(Outcome.CRASHED, None, f"the second call (determinism check): {value2}", seconds, note)
         if isinstance(value2, tuple):

@@ -509,6 +509,34 @@ def raise_if_stopped() -> None:
 
 #: How often a wait for a kernel looks for a stop request, in seconds.
 POLL_S = 0.2
+#: A call gets back the time its worker waited for a CPU (runnable but not running: a busy machine, a
+#: shared CI runner), up to this many times its timeout in all; a hung kernel (asleep, waiting on a lock,
+#: in a loop that does get the CPU) waits for no CPU and times out at its timeout.
+STARVED_TIMEOUT_FACTOR = 10.0
+
+
+def cpu_wait_s(pid: int) -> dict[int, float]:
+    """Seconds each thread of process ``pid`` has spent runnable but waiting for a CPU (Linux's
+    ``/proc/PID/task/TID/schedstat``, second field); empty where that is not available."""
+    waits: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return waits
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                waits[int(tid)] = int(fh.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return waits
+
+
+def starved_s(pid: int, before: dict[int, float]) -> float:
+    """The longest any thread of ``pid`` has waited for a CPU since ``before`` (`cpu_wait_s`)."""
+    now = cpu_wait_s(pid)
+    return max((wait - before.get(tid, 0.0) for tid, wait in now.items()), default=0.0)
+
 
 
 class WorkerCrashed(Exception):
@@ -573,7 +601,10 @@ class Worker:
         return f"worker process {how}" + (": last output: " + " | ".join(tail) if tail else " (no output)")
 
     def _receive(self, timeout_s: float | None, *, starting: bool = False):
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        began = time.monotonic()
+        deadline = None if timeout_s is None else began + timeout_s
+        waited_before = cpu_wait_s(self.process.pid) if timeout_s is not None else {}
+        starved = 0.0
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             raise_if_stopped()
@@ -590,10 +621,16 @@ class Worker:
                 self.close()
                 raise WorkerCrashed(message)
             if deadline is not None and time.monotonic() >= deadline:
+                starved = max(starved, starved_s(self.process.pid, waited_before))
+                extended = began + min(timeout_s + starved, STARVED_TIMEOUT_FACTOR * timeout_s)
+                if extended > time.monotonic():  # the time it waited for a CPU is given back
+                    deadline = extended
+                    continue
                 self.close()
+                busy = f" ({starved:.3g} s of it waiting for a CPU)" if starved >= 0.05 * timeout_s else ""
                 if starting:
-                    raise WorkerCrashed(f"the worker did not start within {timeout_s:g} s")
-                raise WorkerTimeout(f"no result after {timeout_s:g} s")
+                    raise WorkerCrashed(f"the worker did not start within {timeout_s:g} s{busy}")
+                raise WorkerTimeout(f"no result after {timeout_s:g} s{busy}")
 
     def request(self, op: str, args: tuple, kwargs: dict, grad: bool, extra: Any, timeout_s: float | None):
         """``(status, value)``: ``("ok", tensor or tuple)``, ``("value", type name)``, ``("raised", text)``.
@@ -772,8 +809,8 @@ def run(ref: KernelRef, op: str, args: tuple, kwargs: dict, *, grad: bool = Fals
         try:
             worker = worker_for(ref)
             status, value = worker.request(op, args, kwargs, grad, extra, timeout_s)
-        except WorkerTimeout:
-            return "timeout", None, ""
+        except WorkerTimeout as exc:
+            return "timeout", str(exc), ""
         except WorkerCrashed as exc:
             return "crashed", str(exc), ""
         note = ""

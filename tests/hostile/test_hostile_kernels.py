@@ -20,7 +20,7 @@ import pytest
 
 from harness.api import check, user_kernel_spec
 from harness.problems import Problem
-from harness.runner import RunOptions, run_cases
+from harness.runner import RunOptions, run_case, run_cases
 from harness.store import RunStore, load_header, load_records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,3 +226,24 @@ def test_a_worker_hung_in_a_kernel_dies_with_a_killed_harness(tmp_path):
         assert not [w for w in workers if _running(w)], "a hung worker outlived the killed harness"
     finally:
         proc.kill()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or not hasattr(os, "sched_setaffinity"),
+                    reason="reads a worker's CPU waiting time from /proc/PID/task/*/schedstat (Linux)")
+def test_a_kernel_waiting_for_a_busy_cpu_is_given_that_time_back_not_a_timeout():
+    """A 1 s timeout, a kernel that needs 0.5 s of CPU on a CPU that three other processes keep busy: it
+    takes about 2 s, most of it runnable but waiting. The waiting is given back (a busy CI runner is not a
+    hung kernel); a hung kernel (`test_a_hang_is_recorded_once_and_the_run_goes_on`) still times out on time."""
+    from harness.kernels import isolation
+
+    busy = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(3)]
+    try:
+        record = run_case(spec("needs_half_a_cpu_second_on_cpu0"), problem(),
+                          RunOptions(timeout_s=1.0, isolation="process"))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert record["verdict"] == "equivalent", record.get("error") or record.get("why")
+    assert 1.0 < record["t_kernel"] < isolation.STARVED_TIMEOUT_FACTOR * 1.0  # past its timeout, on a busy CPU
