@@ -51,7 +51,7 @@ class OracleCache:
 
     def inputs(self, problem):
         """`Problem.make_inputs`, drawn once per problem up to tf32 and chunk size; a fresh copy each call."""
-        key = problem.replace(tf32=False, chunk_size=None).key, problem.device
+        key = problem.replace(tf32=False, chunk_size=None).key  # the device is part of it
         drawn = self._get(self._inputs, key, problem.make_inputs, self.input_stats)
         return {name: t.clone() for name, t in drawn.items()}
 

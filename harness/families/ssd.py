@@ -39,15 +39,14 @@ from harness.families.base import draw_size, randn, uniform
 from harness.families.simple_gla import StatefulFamily, check_decay_floor, decay_floor, draw_state_options
 from harness.kernels.contract import Family
 
-
-
 #: Above 20 torch's softplus returns x (as mamba-ssm's and fla's kernels do); the exact log1p(exp(x))
 #: differs from it by about exp(-x), more than float64's rounding of x until x is about 34 (at 20.5:
-#: 1.25e-9, half a million float64 ulps of x). Both are softplus as kernels write it, so a float64 case (where the
-#: difference shows) keeps its pre-activations out of (20, 37): shifted up by `SOFTPLUS_SHIFT`, still in
-#: the linear branch of both. In float32 the two agree to within its rounding everywhere.
+#: 1.25e-9, half a million float64 ulps of x). Both are softplus as kernels write it, so a float64 case
+#: (where the difference shows) keeps its pre-activations out of (20, 37): shifted up by `SOFTPLUS_SHIFT`,
+#: still in the linear branch of both. In float32 the two agree to within its rounding everywhere.
 SOFTPLUS_CONVENTIONS_AGREE = 37.0
 SOFTPLUS_SHIFT = SOFTPLUS_CONVENTIONS_AGREE - 20.0
+
 
 class SSD(StatefulFamily):
     family = Family.SSD

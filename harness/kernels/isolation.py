@@ -538,7 +538,6 @@ def starved_s(pid: int, before: dict[int, float]) -> float:
     return max((wait - before.get(tid, 0.0) for tid, wait in now.items()), default=0.0)
 
 
-
 class WorkerCrashed(Exception):
     """The worker died during a call; ``str()`` says how (exit code or signal, and its last lines)."""
 
@@ -621,7 +620,7 @@ class Worker:
                 self.close()
                 raise WorkerCrashed(message)
             if deadline is not None and time.monotonic() >= deadline:
-                starved = max(starved, starved_s(self.process.pid, waited_before))
+                starved = starved_s(self.process.pid, waited_before)
                 extended = began + min(timeout_s + starved, STARVED_TIMEOUT_FACTOR * timeout_s)
                 if extended > time.monotonic():  # the time it waited for a CPU is given back
                     deadline = extended
