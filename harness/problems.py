@@ -51,7 +51,7 @@ REGIMES: dict[Family, tuple[str, ...]] = {Family.parse(name): families.get(name)
 #: Problem fields added after records existed, with their defaults: `Problem.to_dict` leaves them out
 #: at these values, so that a problem that does not use them keeps its key.
 LATER_FIELDS: dict[str, Any] = {"has_initial_state": False, "final_state": False, "cu_seqlens": None,
-                                "decay_floor": None, "range_dtype": None}
+                                "decay_floor": None, "range_dtype": None, "scale": None}
 
 #: Largest number of elements a problem may carry as explicit ``values`` (hypothesis-drawn cases).
 MAX_EXPLICIT_ELEMENTS = 4096
@@ -124,6 +124,8 @@ class Problem:
     #: regimes at that dtype's scale, where its cases can be judged (at float64's they overflow float32
     #: from t=0, out of domain).
     range_dtype: str | None = None
+    #: simple_gla, gla: the ``scale`` passed to the kernel (None: not passed, the kernel's default K**-0.5)
+    scale: float | None = None
     values: dict[str, list[float]] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:

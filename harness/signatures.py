@@ -64,6 +64,9 @@ def capabilities_from_signature(fn: Callable, family: Family | str,
             caps = replace(caps, **{field: True for _, field, _ in found})
             notes.append(f"its signature takes {' and '.join(k for k, _, _ in found)}: cases with "
                          f"{' and '.join(w for _, _, w in found)}")
+    if fam.scale_keyword is not None and fam.scale_keyword in params and not caps.scale:
+        caps = replace(caps, scale=True)
+        notes.append(f"its signature takes {fam.scale_keyword}: cases pass one now and then (1, 0.25)")
     chunk = params.get("chunk_size")
     sizes = None
     if chunk is not None and chunk.default is inspect.Parameter.empty:

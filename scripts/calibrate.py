@@ -78,7 +78,7 @@ def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked
     if family in (Family.LINEAR_SCAN, Family.SELECTIVE_SCAN):
         fields["dim"] = rng.randint(1, lim.max_dim)
     if family is Family.SELECTIVE_SCAN:
-        fields["state"] = size(lim.max_state)
+        fields["state"] = rng.randint(1, lim.max_state)  # no tile edges (harness.families.selective_scan)
         if rng.random() < 0.5:
             fields["groups"] = rng.choice([g for g in range(1, fields["dim"] + 1) if fields["dim"] % g == 0])
         for flag in ("has_D", "has_z", "has_delta_bias", "delta_softplus"):

@@ -113,12 +113,29 @@ def test_a_gated_signature_with_the_state_keywords_gets_states():
     caps, notes = capabilities_from_signature(gla_as_documented, "gla")
     assert caps.initial_state and caps.final_state and not caps.varlen
     assert notes == ["its signature takes initial_state and output_final_state: cases with an initial state and "
-                     "the final state checked"]
+                     "the final state checked", "its signature takes scale: cases pass one now and then (1, 0.25)"]
     result = check(gla_as_documented, family="gla", profile="dev", dtypes=("float64",), max_examples=10,
                    max_length=48, grad=False, save_counterexample=False)
     assert result.passed, result.message
     assert any(r.get("has_initial_state") for r in result.records)
     assert any(r.get("final_state") for r in result.records)
+
+
+def gla_ignoring_its_scale(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    return _GLA(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state)
+
+
+def test_a_kernel_that_ignores_the_scale_it_takes_is_caught():
+    """fla's signature has ``scale``; no case passed one, so a kernel that ignored it (or applied it to the
+    within-chunk part only) passed every case (found by a kernel written elsewhere: 60 of 60 equivalent)."""
+    passing = check(gla_as_documented, family="gla", profile="ci", dtypes=("float64",), max_examples=25,
+                    max_length=48, grad=False, save_counterexample=False)
+    assert passing.passed, passing.message
+    assert {r.get("scale") for r in passing.records} >= {None, 1.0, 0.25}
+    result = check(gla_ignoring_its_scale, family="gla", profile="ci", dtypes=("float64",), max_examples=25,
+                   max_length=48, grad=False, save_counterexample=False)
+    assert not result.passed and result.failure["cause"] == "kernel_bug", result.message
+    assert result.failure["scale"] in (1.0, 0.25) and "scale=" in result.message, result.message
 
 
 def test_a_kernel_that_ignores_the_initial_state_it_takes_is_caught():

@@ -69,6 +69,8 @@ class FamilyDef:
             ``mamba_chunk_scan_combined``), not an optional keyword.
         state_keywords: the gated families' (initial state, final-state flag) keyword names, passed to a
             kernel that declares `Capabilities.initial_state` / `Capabilities.final_state`.
+        scale_keyword: the keyword of the family's scale (simple_gla, gla: ``scale``), passed to a kernel that
+            declares `Capabilities.scale` (or whose signature names it) now and then.
         chunk_term: the oracle's bound carries a chunk-form term when the problem has a chunk size (decays
             formed as exp of differences of cumulative sums within a chunk: the gated families and the
             selective scan).
@@ -87,12 +89,13 @@ class FamilyDef:
     chunk_positional: bool = False
     state_keywords: tuple[str, str] | None = None
     chunk_term: bool = False
+    scale_keyword: str | None = None
 
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:
         """Family-specific checks of a problem's fields (raise `InvalidArgument`)."""
         for name, default in (("has_initial_state", False), ("final_state", False), ("cu_seqlens", None),
-                              ("decay_floor", None)):
+                              ("decay_floor", None), ("scale", None)):
             if getattr(p, name) != default:
                 raise InvalidArgument(f"{name}={getattr(p, name)!r} does not apply to family {self.family.value}; "
                                       f"leave it at {default!r}")

@@ -29,6 +29,8 @@ cumulative sums loses is rounding of the algorithm, named by its size, not a bug
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import torch
@@ -59,6 +61,11 @@ def check_decay_floor(p) -> None:
     if not (isinstance(p.decay_floor, (int, float)) and -1e6 <= p.decay_floor <= 0):
         raise InvalidArgument(f"decay_floor={p.decay_floor!r} must be a number in [-1e6, 0] (the lowest log-decay)")
 
+
+
+#: The ``scale`` values a case passes to a kernel that takes one (`Capabilities.scale`): not passed (its
+#: default, K**-0.5) twice in four, then 1 and 0.25, neither of which is K**-0.5 but at K = 1 or 16.
+SCALES: tuple[float | None, ...] = (None, None, 1.0, 0.25)
 
 class StatefulFamily(FamilyDef):
     """A family whose kernels return ``(output, final_state)`` where asked: the gated families.
@@ -103,6 +110,7 @@ class SimpleGLA(StatefulFamily):
     family = Family.SIMPLE_GLA
     arg_order = ("q", "k", "v", "g")
     state_keywords = ("initial_state", "output_final_state")
+    scale_keyword = "scale"
     linear_input = "v"
     regimes = ("trained", "long_memory", "strong_decay", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("q", "k", "v", "g", "initial_state")
@@ -117,6 +125,10 @@ class SimpleGLA(StatefulFamily):
         if p.eps is not None:
             raise InvalidArgument(f"eps={p.eps!r} is only meaningful for retention_normed; pass None")
         check_decay_floor(p)
+        if p.scale is not None and (isinstance(p.scale, bool) or not isinstance(p.scale, (int, float))
+                                    or not math.isfinite(p.scale) or p.scale == 0):
+            raise InvalidArgument(f"scale={p.scale!r} must be a finite nonzero number or None (the kernel's "
+                                  "default, K**-0.5)")
         if p.cu_seqlens is not None:
             cu = list(p.cu_seqlens)
             if p.batch != 1:
@@ -171,6 +183,8 @@ class SimpleGLA(StatefulFamily):
 
     def call_kwargs(self, p) -> dict[str, Any]:
         kw = super().call_kwargs(p)
+        if p.scale is not None:
+            kw["scale"] = p.scale
         if p.final_state:
             kw["output_final_state"] = True
         return kw
@@ -192,7 +206,7 @@ class SimpleGLA(StatefulFamily):
     def traces(self, p, x, convention):
         trace_fn = self._oracle("gla_trace" if self.per_key else "simple_gla_trace")
         cu = None if p.cu_seqlens is None else torch.tensor(p.cu_seqlens, dtype=torch.long)
-        t = trace_fn(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"),
+        t = trace_fn(x["q"], x["k"], x["v"], x["g"], p.scale, initial_state=x.get("initial_state"),
                      output_final_state=bool(p.final_state), cu_seqlens=cu, chunk_size=p.chunk_size)
         return self.targets(p, t)
 
@@ -201,7 +215,8 @@ class SimpleGLA(StatefulFamily):
 
         fn = ad.gla if self.per_key else ad.simple_gla
         cu = None if p.cu_seqlens is None else list(p.cu_seqlens)
-        return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"), cu_seqlens=cu)[0]
+        return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"), cu_seqlens=cu,
+                  scale=p.scale)[0]
 
     # ----------------------------------------------------------------------------- strategies
     def element_bounds(self, p, name):
@@ -213,8 +228,12 @@ class SimpleGLA(StatefulFamily):
         return super().element_bounds(p, name)
 
     def draw_fields(self, draw, caps, lim, regime, common):
+        from hypothesis import strategies as st
+
         fields = draw_heads(draw, caps, lim)
         fields.update(draw_state_options(draw, caps, common))
+        if caps.scale:  # a kernel that takes scale and ignores it, or applies it to one part only, shows here
+            fields["scale"] = draw(st.sampled_from(SCALES))
         return fields
 
 

@@ -63,6 +63,9 @@ class SSD(StatefulFamily):
     def validate(self, p):
         if p.eps is not None:
             raise InvalidArgument(f"eps={p.eps!r} is only meaningful for retention_normed; pass None")
+        if p.scale is not None:
+            raise InvalidArgument(f"scale={p.scale!r} does not apply to family ssd (its signature has none); "
+                                  "leave it at None")
         check_decay_floor(p)
         if p.groups < 1 or p.heads % p.groups:
             raise InvalidArgument(f"groups={p.groups!r} must be a positive divisor of heads={p.heads} for ssd "

@@ -167,6 +167,9 @@ class Capabilities:
     initial_state: bool = False
     final_state: bool = False
     varlen: bool = False
+    #: simple_gla, gla: whether the kernel takes ``scale`` (fla's signature); cases then pass one now and then
+    #: (`harness.families.simple_gla.SCALES`), so that a kernel that ignores it is found.
+    scale: bool = False
     #: The kernel forms an (n x n) matrix per batch row and head, n its chunk size if it takes one, else
     #: the length (a parallel retention form's ``(q k^T) * D``; a chunkwise form's within-chunk scores).
     #: Its memory grows with n squared, so the strategies draw n only up to `square_scores_limit` at the

@@ -416,6 +416,7 @@ def _gated_caps(entry: _GatedEntry, *, ieee: bool = False) -> Capabilities:
         initial_state=entry.initial_state,
         final_state=entry.final_state,
         varlen=entry.varlen,
+        scale=entry.scale,
     )
 
 

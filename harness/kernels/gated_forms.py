@@ -360,7 +360,8 @@ def ssd_chunk(x, dt, A, B, C, chunk_size=DEFAULT_CHUNK, D=None, z=None, dt_bias=
                 return_final_states)
 
 
-_STATEFUL = dict(autograd=True, matmuls=True, initial_state=True, final_state=True, varlen=True)
+# scale: the simple_gla / gla forms take fla's ``scale`` (the ssd forms none; their family never passes one)
+_STATEFUL = dict(autograd=True, matmuls=True, initial_state=True, final_state=True, varlen=True, scale=True)
 RECURRENT_CAPS = Capabilities(**_STATEFUL)
 CHUNK_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL)
 CUMPROD_WHY = "exp(-cumsum) overflows under strong decay: 0 * inf = NaN where the exact output is small (issue 14)"

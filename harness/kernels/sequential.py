@@ -155,7 +155,7 @@ def _loader(module: str, attr: str, fn: Callable) -> Callable[[], Callable]:
 
 
 _CAPS = Capabilities(notes="the float64 oracle's own loop, run in the input dtype")
-_GATED_CAPS = dataclasses.replace(_CAPS, initial_state=True, final_state=True, varlen=True)
+_GATED_CAPS = dataclasses.replace(_CAPS, initial_state=True, final_state=True, varlen=True, scale=True)
 
 KERNELS: list[KernelSpec] = [
     KernelSpec(

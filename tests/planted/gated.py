@@ -124,7 +124,8 @@ for _fn, _name in ((gla_chunk_cross_decay_exclusive, "gla_chunk_cross_decay_excl
 # ------------------------------------------------------------------------------------- the registry
 
 #: What every gated planted kernel accepts: any chunk size, initial and final states, packed sequences.
-GATED_CAPS = Capabilities(chunk_sizes=(), initial_state=True, final_state=True, varlen=True, matmuls=True)
+GATED_CAPS = Capabilities(chunk_sizes=(), initial_state=True, final_state=True, varlen=True, matmuls=True,
+                          scale=True)
 
 GATED_PLANTED: list[PlantedBug] = [
     PlantedBug("simple_gla_chunk_cumprod_unbounded", Family.SIMPLE_GLA, simple_gla_chunk_cumprod_unbounded,
