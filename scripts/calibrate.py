@@ -175,7 +175,7 @@ def kernels(third_party: bool = False, planted_bugs: bool = True):
 def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_path: Path | None,
         progress: bool, *, third_party: bool = False, planted_bugs: bool = True, max_seconds: float | None = None,
         families: tuple[str, ...] | None = None, max_length: int | None = None, shard=None,
-        max_workers: int | None = None) -> list[dict]:
+        max_workers: int | None = None, timeout_s: float | None = None) -> list[dict]:
     """Run ``cases`` problems per (dtype, family). Without a time limit the problems are drawn dtype by
     dtype and family by family (the order of the committed tables, so a rerun with the same seed draws
     the same problems); with one (``max_seconds``, checked between problems) round-robin over both, so
@@ -194,7 +194,8 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
     # every problem cycles through its family's kernels: one live worker each (41% of a nightly run's
     # time went to restarting them, with the default limit)
     kept = isolation.workers_kept(len(correct) + len(planted), limit=max_workers)
-    options = RunOptions(oracle_cache=OracleCache(max_entries=4))
+    options = RunOptions(oracle_cache=OracleCache(max_entries=4),
+                         **({} if timeout_s is None else {"timeout_s": timeout_s}))
     out: list[dict] = []
     fh = open(records_path, "w") if records_path else None
     start = time.perf_counter()
@@ -535,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default=None, metavar="K/N",
                         help="run job K of N: every N-th problem from the K-th (all are drawn, so the problems are "
                              "the unsharded run's); join the jobs' --records with --from-records")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="per-call kernel timeout in seconds (default the harness's, 120; the nightly profile's "
+                             "largest half-precision cases take minutes on a CPU: make calibrate-nightly passes 900)")
     parser.add_argument("--max-workers", type=int, default=None,
                         help="kernel workers kept alive (default: one per kernel of the run; a worker holds "
                              "~15 MB of its own, ~190 MB for one that imported fla)")
@@ -560,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run(args.cases, args.seed, args.profile, dtypes, Path(args.records) if args.records else None,
                    progress=not args.quiet, third_party=args.third_party, planted_bugs=not args.no_planted,
                    max_seconds=args.max_seconds, families=families, max_length=args.max_length, shard=shard,
-                   max_workers=args.max_workers)
+                   max_workers=args.max_workers, timeout_s=args.timeout)
     given = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--records", "--out"):  # where this run wrote things is not part of what it measured
         if flag in given:
