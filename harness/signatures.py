@@ -66,7 +66,10 @@ def capabilities_from_signature(fn: Callable, family: Family | str,
                          f"{' and '.join(w for _, _, w in found)}")
     if fam.scale_keyword is not None and fam.scale_keyword in params and not caps.scale:
         caps = replace(caps, scale=True)
-        notes.append(f"its signature takes {fam.scale_keyword}: cases pass one now and then (1, 0.25)")
+        from harness.families.simple_gla import SCALES
+
+        passed = ", ".join(f"{s:g}" for s in SCALES if s is not None)
+        notes.append(f"its signature takes {fam.scale_keyword}: cases pass one now and then ({passed})")
     chunk = params.get("chunk_size")
     sizes = None
     if chunk is not None and chunk.default is inspect.Parameter.empty:

@@ -30,7 +30,6 @@ cumulative sums loses is rounding of the algorithm, named by its size, not a bug
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import torch
@@ -62,10 +61,10 @@ def check_decay_floor(p) -> None:
         raise InvalidArgument(f"decay_floor={p.decay_floor!r} must be a number in [-1e6, 0] (the lowest log-decay)")
 
 
-
 #: The ``scale`` values a case passes to a kernel that takes one (`Capabilities.scale`): not passed (its
 #: default, K**-0.5) twice in four, then 1 and 0.25, neither of which is K**-0.5 but at K = 1 or 16.
 SCALES: tuple[float | None, ...] = (None, None, 1.0, 0.25)
+
 
 class StatefulFamily(FamilyDef):
     """A family whose kernels return ``(output, final_state)`` where asked: the gated families.
