@@ -743,6 +743,7 @@ def _sweep(args: argparse.Namespace, argv: Sequence[str] | None, t_start: float)
                    "kernels": [s.name for s in specs], "kernels_left_out": dict(left_out),
                    "intree_kernels": sorted(s.name for s in specs if s.source == "intree"),
                    "packages": origins, "harness_path": str(Path(harness.__file__).resolve().parent),
+                   "pycache_prefix": sys.pycache_prefix, "writes_bytecode": not sys.dont_write_bytecode,
                    "cases_planned": len(cases), "t_load_s": round(t_load, 1)})
     store = RunStore(out, header=header)  # written now, so that a killed sweep leaves its plan
     sweep = Sweep(args, t_start)

@@ -427,7 +427,7 @@ def test_gpu_sweep_file() -> None:
 
 # ------------------------------------------------------- (f) the first GPU window (issue 20), rehearsed on the CPU
 BUNDLE = ROOT / ".device-bundle"
-DRY_RUN_LIMIT_S = 240  # the dry run's outer limit; it takes ~15 s on two idle cores, ~45 s under load
+DRY_RUN_LIMIT_S = 240  # the dry run's outer limit; it takes ~26 s on two idle cores (session 10), ~45 s under load
 
 
 @pytest.fixture(scope="module")
@@ -437,7 +437,7 @@ def dry_run(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu-dry") / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
     env.update(PYTHON=sys.executable, GPU_CHECK_TOTAL_S=str(DRY_RUN_LIMIT_S), FINISH_S="20", CASE_MARGIN_S="10",
-               DEVICE_BUNDLE=str(BUNDLE))
+               DEVICE_BUNDLE=str(BUNDLE), PYTHONDONTWRITEBYTECODE="1")  # as on CI runners and this machine
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--device", "cpu", "--dry-run"],
                           capture_output=True, text=True, timeout=DRY_RUN_LIMIT_S + 30, env=env,
                           cwd=str(out.parent))
@@ -451,6 +451,9 @@ def test_dry_run_end_to_end(dry_run: dict) -> None:
     proc, out, header = dry_run["proc"], dry_run["out"], dry_run["header"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert header["harness_path"] == str(ROOT / "harness")  # this checkout's harness, whatever is installed
+    # no byte code written: no cache prefix, which would only hide the installed caches (every process of the
+    # run compiled torch from source: 60 s for this run instead of 26 s)
+    assert header["pycache_prefix"] is None and not header["writes_bytecode"]
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len(records) == header["cases_planned"] == header["cases_run"] > 0
     assert {r["device"] for r in records} == {"cpu"}
@@ -860,10 +863,10 @@ def test_gpu_check_cut_short_by_its_outer_limit_still_reports(tmp_path: Path) ->
     pass instead: `test_finish_reports_a_killed_sweep_from_its_records`.)"""
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
-    env.update(PYTHON=sys.executable, GPU_CHECK_TOTAL_S="40", FINISH_S="6", CASE_MARGIN_S="0",
+    env.update(PYTHON=sys.executable, GPU_CHECK_TOTAL_S="20", FINISH_S="6", CASE_MARGIN_S="0",
                DEVICE_BUNDLE=str(tmp_path / "no-bundle"))
     # thousands of short cases, and --budget-s after the script's own (it wins): only the outer limit ends it
-    lengths = ",".join(str(n) for n in range(8, 4000))  # far more than 40 s of cases even on an idle machine
+    lengths = ",".join(str(n) for n in range(8, 4000))  # far more than 20 s of cases even on an idle machine
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--device", "cpu",
                            "--kernels", "intree.blelloch_scan,intree.sequential_scan", "--lengths", lengths,
                            "--budget-s", "1000", "--no-report"],

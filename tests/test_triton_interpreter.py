@@ -431,6 +431,41 @@ def test_kernels_that_ran_before_are_bit_identical(name, dtype):
                        plain.view(torch.int16 if dt == torch.float16 else torch.int32))
 
 
+# ------------------------------------------------------------------------------------------ speed-ups
+@pytest.mark.thirdparty
+def test_a_launch_lists_the_language_builtins_once_and_computes_the_same(monkeypatch):
+    """`SPEED_UPS`' launch_builtins_listed_once: after a kernel's first launch, later launches do not list
+    triton.language's members again (before: ``inspect.getmembers`` five times per launch, a quarter of an
+    interpreted fla call), and the outputs are bit-identical to the interpreter's own patching."""
+    import inspect
+
+    from harness.kernels.registry import get
+
+    spec = get("fla.fused_recurrent_retention")
+    reason = spec.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    fn = spec.callable()
+    g = _gen(7)
+    q, k, v = (torch.randn(1, 24, 2, 16, generator=g) for _ in range(3))
+    first = fn(q, k, v)
+    listings = []
+    real = inspect.getmembers
+    monkeypatch.setattr(inspect, "getmembers", lambda obj, *a: listings.append(obj) or real(obj, *a))
+    again = fn(q, k, v)
+    assert listings == [], f"{len(listings)} listings of {sorted({getattr(o, '__name__', o) for o in listings})}"
+    ti.remove_corrections(["launch_builtins_listed_once"])
+    try:
+        assert "launch_builtins_listed_once" not in {name for name, *_ in ti._PATCHES}
+        plain = fn(q, k, v)
+        assert len(listings) >= 3  # triton's own patching lists the modules on every launch
+    finally:
+        ti.apply_corrections()
+    assert torch.equal(first.view(torch.int32), again.view(torch.int32))
+    assert torch.equal(first.view(torch.int32), plain.view(torch.int32))
+    assert "launch_builtins_listed_once" not in ti.active_corrections()  # a speed-up: runs are the same without it
+
+
 # ------------------------------------------------------------------------------------------ planted bug
 def _chunk_spec(fn, computes_in=None):
     from harness.api import user_kernel_spec

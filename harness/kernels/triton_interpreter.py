@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 import types
@@ -384,6 +385,15 @@ CORRECTIONS: tuple[Correction, ...] = (
                                               "multiprocessors)", torch_without_cuda=True),
 )
 
+#: Replacements that change how fast the interpreter runs, never what it computes; applied and removed with
+#: the corrections, but not among them (`active_corrections`, run headers): a run is the same without them.
+#: ``launch_builtins_listed_once``: every launch of an interpreted kernel swaps triton.language's builtins for
+#: interpreted ones and back, and found them each time by ``inspect.getmembers`` of the module (``dir``, a
+#: sort and ~300 ``getattr``): a quarter of an interpreted fla call at test sizes. The names are listed once per
+#: module or class; each launch patches those whose member is a builtin now, as triton's own loop does.
+SPEED_UPS: tuple[str, ...] = ("launch_builtins_listed_once",)
+
+
 def _by_name(name: str) -> Correction:
     return next(c for c in CORRECTIONS if c.name == name)
 
@@ -532,13 +542,14 @@ def apply_corrections(module: Any = None) -> list[str]:
                   "autotuner_pinned": lambda _module: _install_autotuner_pin(),
                   "cuda_device_none_noop": lambda _module: _install_cuda_device_none_noop(),
                   "cuda_device_properties_h100": lambda _module: _install_cuda_device_properties()}
-    active = set(active_corrections())
-    for correction in CORRECTIONS:
-        if correction.name in active:
+    installers["launch_builtins_listed_once"] = _install_builtin_listing
+    applied = {name for name, *_ in _PATCHES}
+    for name in (*(c.name for c in CORRECTIONS), *SPEED_UPS):
+        if name in applied:
             continue
-        _APPLYING.append(correction.name)
+        _APPLYING.append(name)
         try:
-            installers[correction.name](module)
+            installers[name](module)
         finally:
             _APPLYING.pop()
     module.InterpretedFunction.rewritten_fn.clear()  # kernels rewritten before must be rewritten again
@@ -573,7 +584,7 @@ def plain_interpreter(*, keep: Iterable[str] = ("autotuner_pinned",)) -> Iterato
     kernel does not run at all on a machine without a GPU.
     """
     was = bool(_PATCHES)
-    remove_corrections([c.name for c in CORRECTIONS if c.name not in set(keep)])
+    remove_corrections([c.name for c in CORRECTIONS if c.name not in set(keep)])  # the speed-ups stay
     try:
         yield
     finally:
@@ -993,3 +1004,25 @@ def _install_cuda_device_properties() -> None:
         return original(device)
 
     _set(torch.cuda, "get_device_properties", get_device_properties)
+
+
+# -- launch_builtins_listed_once (a speed-up: `SPEED_UPS`)
+def _install_builtin_listing(module: Any) -> None:
+    """Make ``module._patch_builtin`` (called for each of a few modules and classes on every launch) list a
+    module's builtins once; the members are patched by the interpreter's own ``_patch_attr`` as before."""
+    original = getattr(module, "_patch_builtin", None)
+    if original is None or not hasattr(module, "_patch_attr"):  # another interpreter layout: left as it is
+        return
+    is_builtin = module.tl.core.is_builtin
+    listed: dict[Any, tuple[str, ...]] = {}
+
+    def patch_builtin(pkg, *rest):
+        names = listed.get(pkg)
+        if names is None:
+            names = listed[pkg] = tuple(name for name, member in inspect.getmembers(pkg) if is_builtin(member))
+        for name in names:  # as triton: a member already swapped in this launch (tl.tensor is reached twice) is not
+            member = getattr(pkg, name, None)
+            if is_builtin(member):
+                module._patch_attr(pkg, name, member, *rest)
+
+    _set(module, "_patch_builtin", patch_builtin)
