@@ -209,7 +209,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     profile = profile or active_profile()
     lim = limits(profile)
     options = RunOptions(policy=policy or Policy(), check_determinism=check_determinism,
-                         timeout_s=_isolation.default_timeout() if timeout_s is ... else
+                         timeout_s=_isolation.default_timeout(lim.timeout_s) if timeout_s is ... else
                          _isolation.validate_timeout(timeout_s),
                          isolation=_isolation.validate_isolation(isolation or _isolation.default_isolation()))
     result = CheckResult()

@@ -15,7 +15,8 @@ pytest                 CLI                          meaning
 --harness-fail-on-missing  --fail-on-missing        a cell of the baseline missing from the run fails the gate
 --harness-policy       --policy SPEC                verdict thresholds, parsed by `harness.verdict.Policy.parse`
 --harness-no-summary   --no-summary                 no summary table on the terminal
---harness-timeout      --timeout SECONDS            per kernel call (default 120); longer is a ``timeout``
+--harness-timeout      --timeout SECONDS            per kernel call (default: the profile's, 120 s; nightly
+                                                    900 s); longer is a ``timeout``
                                                     kernel error, recorded once, not re-run by the shrinker
 --harness-in-process   --in-process                 run kernels in this process, not a worker process per
                                                     kernel (for pdb; a crashing kernel then ends the run)
@@ -67,8 +68,8 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     ),
     "timeout": dict(
         metavar="SECONDS", default=None, type=lambda text: _seconds(text),
-        help="per kernel call (default 120); a call that takes longer is a 'timeout' kernel_error, recorded "
-             "once and not re-run by the shrinker",
+        help="per kernel call (default: the profile's, 120; nightly 900); a call that takes longer is a "
+             "'timeout' kernel_error, recorded once and not re-run by the shrinker",
     ),
     "in-process": dict(
         action="store_true", default=False,

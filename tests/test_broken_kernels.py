@@ -79,6 +79,32 @@ def test_timeout_is_bounded_by_the_option(isolation):
     assert record["isolation"] == isolation
 
 
+def test_check_takes_the_profiles_timeout_unless_the_session_sets_one(monkeypatch):
+    """A profile's own per-call timeout (nightly's longest cases take a correct kernel over 120 s on a CPU:
+    900 s there) is `check`'s default; ``--timeout`` / `configure` still wins."""
+    import dataclasses
+
+    from harness import settings
+    from harness.kernels import isolation
+
+    assert settings.LIMITS["nightly"].timeout_s == 900 and settings.LIMITS["ci"].timeout_s == 120
+    monkeypatch.setitem(settings.LIMITS, "dev", dataclasses.replace(settings.LIMITS["dev"], timeout_s=0.25))
+    monkeypatch.setattr(isolation, "_DEFAULTS", dataclasses.replace(isolation._DEFAULTS, timeout_configured=False,
+                                                                    timeout_s=isolation.DEFAULT_TIMEOUT_S))
+    hang = next(k for k in BROKEN if k.outcome is Outcome.TIMEOUT).spec
+
+    def timeout_of_the_run() -> str:
+        result = check(hang, profile="dev", dtypes=("float32",), max_examples=2, isolation="in-process",
+                       save_counterexample=False, grad=False, check_determinism=False)
+        timeouts = [r for r in result.records if r["outcome"] == "timeout"]
+        assert timeouts and not result.passed, result.message
+        return timeouts[0]["error"]
+
+    assert "0.25" in timeout_of_the_run()  # the profile's (before: the session default, 120 s)
+    isolation.configure(timeout_s=0.3)  # what --timeout does
+    assert "0.3" in timeout_of_the_run()
+
+
 def test_a_crash_is_recorded_with_its_signal_and_last_output():
     spec = next(k for k in BROKEN if k.outcome is Outcome.CRASHED).spec
     record = run_case(spec, problem(length=33), OPTIONS)

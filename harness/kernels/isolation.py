@@ -69,6 +69,7 @@ TAIL_LINES = 12
 class _Defaults:
     isolation: str = DEFAULT_ISOLATION
     timeout_s: float | None = DEFAULT_TIMEOUT_S
+    timeout_configured: bool = False  # set by `configure`: then it wins over a profile's own default
     max_workers: int = MAX_WORKERS
 
 
@@ -83,6 +84,7 @@ def configure(*, isolation: str | None = None, timeout_s: float | None | type(..
         _DEFAULTS.isolation = validate_isolation(isolation)
     if timeout_s is not ...:
         _DEFAULTS.timeout_s = validate_timeout(timeout_s)
+        _DEFAULTS.timeout_configured = True
     if max_workers is not None:
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             from harness.errors import InvalidArgument
@@ -116,7 +118,11 @@ def default_isolation() -> str:
     return _DEFAULTS.isolation
 
 
-def default_timeout() -> float | None:
+def default_timeout(profile_default: float | None | type(...) = ...) -> float | None:
+    """The per-call timeout: the one `configure` set, else ``profile_default`` when given (a search
+    profile's own, `harness.settings.Limits.timeout_s`), else `DEFAULT_TIMEOUT_S`."""
+    if not _DEFAULTS.timeout_configured and profile_default is not ...:
+        return profile_default
     return _DEFAULTS.timeout_s
 
 
