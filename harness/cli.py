@@ -63,6 +63,17 @@ def _positive_int(name: str):
     return parse
 
 
+def _shrink_deadline(text: str) -> float:
+    """``--shrink-deadline``'s type: seconds >= 0 (0: report the first failing case as found)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shrink-deadline={text!r} is not a number; expected seconds >= 0") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"--shrink-deadline={value:g} must be >= 0 seconds (0: do not shrink)")
+    return value
+
+
 def _dtype_list(text: str) -> tuple[str, ...]:
     from harness.kernels.contract import ALL_DTYPES
 
@@ -242,6 +253,7 @@ def cmd_check(args) -> int:
         print(f"shard {shard.label}: no (kernel, dtype) search falls to this job (there are fewer than "
               f"{shard.count}); its run holds no records", file=sys.stderr)
     results = []
+    shrink = {} if args.shrink_deadline is None else {"shrink_deadline_s": args.shrink_deadline}
     try:
         with RunStore(run_dir, header=dict(environment(profile), **shard_header(shard))) as store:
             for target, family, dtypes in units:
@@ -249,7 +261,7 @@ def cmd_check(args) -> int:
                                      device=args.device, max_length=args.max_length,
                                      max_examples=args.max_examples, policy=_policy(args),
                                      store=_Interruptible(store), counterexample_dir=cases_dir,
-                                     grad=not args.no_grad))
+                                     grad=not args.no_grad, **shrink))
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (_on_signal)
         return _finish_partial(run_dir, getattr(exc, "reason", "interrupted (SIGINT)"))
     status = _finish_run(run_dir, [r for result in results for r in result.records])
@@ -467,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-examples", type=_positive_int("--max-examples"), default=None)
     s.add_argument("--cases-dir", default=None, help="where the shrunk counterexample is saved (default: the "
                    "project's counterexamples folder)")
+    s.add_argument("--shrink-deadline", type=_shrink_deadline, default=None, metavar="SECONDS",
+                   help="stop shrinking a failure this long after it was found and report the smallest case so far "
+                        "(default 120; 0 reports the first failing case)")
     s.add_argument("--no-grad", action="store_true",
                    help="skip the gradient check (by default every differentiable kernel's gradients are checked)")
     s.add_argument("--shard", default=None, metavar="K/N",

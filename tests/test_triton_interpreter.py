@@ -508,10 +508,10 @@ def test_tf32_dots_are_found_in_float32_and_equivalent_when_declared(tmp_path):
     from tests.planted import triton_chunk
 
     held = check(_chunk_spec(triton_chunk.chunk_retention_tf32), profile="ci", dtypes=("float32",),
-                 max_examples=3, counterexample_dir=tmp_path)
+                 max_examples=3, counterexample_dir=tmp_path, shrink_deadline_s=0)  # the failures as found
     assert not held.passed and held.failure["cond_max"] > 100
     rounded = check(_chunk_spec(triton_chunk.chunk_retention_tf32, {"float32": "tf32"}), profile="ci",
-                    dtypes=("float32",), max_examples=3, counterexample_dir=tmp_path)
+                    dtypes=("float32",), max_examples=3, counterexample_dir=tmp_path, shrink_deadline_s=0)
     assert 1 < max(r["cond_max"] for r in rounded.records) < 4
     declared = check(_chunk_spec(triton_chunk.chunk_retention_tf32, {"float32": "tf32_rz"}), profile="ci",
                      dtypes=("float32",), counterexample_dir=tmp_path)
@@ -527,8 +527,10 @@ def test_harness_check_runs_a_user_triton_kernel_interpreted_and_corrected(tmp_p
     target = f"{ROOT / 'tests' / 'planted' / 'triton_chunk.py'}:chunk_retention_boundary_bug"
     proc = subprocess.run([sys.executable, "-m", "harness", "check", "--kernel", target, "--family", "retention",
                            "--dtypes", "bfloat16", "--max-examples", "4", "--max-length", "48",
+                           "--shrink-deadline", "0",  # the first failure as found: this test is about running it
                            "--report-dir", str(tmp_path / "run"), "--cases-dir", str(tmp_path / "cases")],
                           capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Shrinking stopped at the 0 s deadline" in proc.stdout, proc.stdout[-2000:]
     header = json.loads((tmp_path / "run" / "run.json").read_text())
     assert header["triton_interpreter"]["corrections"] == [c.name for c in ti.CORRECTIONS]
