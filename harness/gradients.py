@@ -191,22 +191,25 @@ def cotangent(problem: Problem, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
-                  forward: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                  forward: dict[str, Any] | None = None,
+                  inputs: dict[str, torch.Tensor] | None = None) -> list[dict[str, Any]]:
     """One record per differentiated input (kernel ``<name>:grad[<input>]``), or the forward record
     when the forward output is not equivalent; none when the kernel's output is not differentiable.
 
     ``forward``: the forward record of this problem when it was already taken (`harness check`); it is
-    then not run again, and not returned.
+    then not run again, and not returned. ``inputs``: the case's inputs when they are not the problem's
+    own draw (the float64 rerun of `_second_dtype`: a low-precision case's inputs, upcast exactly).
+    A divergent gradient in a low precision is rerun in float64 to name its cause (`_second_dtype`).
     """
     from harness.metrics import measure
 
     options = options or RunOptions()
     given = forward is not None
     if forward is None:
-        forward = run_case(spec, problem, options)
+        forward = run_case(spec, problem, options, inputs=inputs)
     if forward["verdict"] != "equivalent":
         return [] if given else [forward]
-    inputs = problem.make_inputs()
+    inputs = problem.make_inputs() if inputs is None else inputs
     names = tuple(n for n in problem.definition.grad_inputs if n in inputs)
     g = cotangent(problem, output_shape(problem))
     precision = spec.capabilities.precision(problem.dtype)
@@ -261,4 +264,35 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                                                                                        "input_overflow"),
                       kernel=f"{spec.name}:grad[{name}]", t_kernel=round(t_kernel, 6))
         records.append(record)
+    if options.precision_counterfactual and precision != "float64" and any(
+            r["verdict"] == "divergent" for r in records):
+        _second_dtype(spec, problem, options, inputs, records)
     return records
+
+
+def _second_dtype(spec: KernelSpec, problem: Problem, options: RunOptions, inputs: dict[str, torch.Tensor],
+                  records: list[dict[str, Any]]) -> None:
+    """Name the cause of a divergent low-precision gradient as `runner._precision_counterfactual` does for
+    outputs: the same rounded inputs, upcast exactly, in float64. Where that input's gradient is equivalent
+    there, the backward is right and loses digits or range in the low precision (a Blelloch tree's adjoint
+    through products of decays that overflow in float32 where the exact gradient is finite): ``precision_loss``.
+    Otherwise, or where the kernel does not run float64 here, ``kernel_bug`` stays. The verdict is unchanged;
+    the float64 run's verdict and cond_max are recorded (``float64_*``)."""
+    if spec.capabilities.runs("float64", problem.device) is not None:
+        return
+    wide = problem.replace(dtype="float64", tf32=False)
+    quiet = RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
+                       precision_counterfactual=False, future_leak_probe=False, tf32_counterfactual=False,
+                       chunk_counterfactual=False, isolation=options.isolation)
+    again = {r.get("grad_of"): r for r in gradient_case(
+        spec, wide, quiet, inputs={k: v.to(torch.float64) if v.is_floating_point() else v for k, v in inputs.items()})}
+    for record in records:
+        if record["verdict"] != "divergent":
+            continue
+        there = again.get(record["grad_of"])
+        record["float64_verdict"] = None if there is None else there["verdict"]
+        record["float64_cond_max"] = None if there is None else there.get("cond_max")
+        if there is not None and there.get("mode") == "grad" and there["verdict"] == "equivalent":
+            record["cause"] = "precision_loss"
+            record["why"] = (f"{record['why']}; precision loss: the same inputs in float64 give an equivalent "
+                             f"gradient (cond_max {there.get('cond_max'):.3g})")

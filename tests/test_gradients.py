@@ -89,6 +89,40 @@ def test_a_wrong_backward_is_found_while_the_forward_is_right(dtype):
     assert by_input["b"]["cause"] == "kernel_bug"
 
 
+class _CumprodBackward(torch.autograd.Function):
+    """Right forward and, in exact arithmetic, right backward: the adjoint lam_t = sum_{s>=t} g_s P_s / P_t with
+    P_t = a_1 ... a_t. In float32 P underflows to 0 within a few hundred steps of decays below 1 (0/0 = NaN)
+    where float64 keeps it: an algorithm that loses range, not an algebraic mistake."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        h = blelloch_linear_scan(a, b)
+        ctx.save_for_backward(a, h)
+        return h
+
+    @staticmethod
+    def backward(ctx, g):
+        a, h = ctx.saved_tensors
+        p = torch.cumprod(a, dim=-1)
+        lam = torch.flip(torch.cumsum(torch.flip(g * p, [-1]), dim=-1), [-1]) / p
+        h_prev = torch.nn.functional.pad(h[..., :-1], (1, 0))
+        return lam * h_prev, lam
+
+
+def test_a_backward_that_loses_range_in_float32_is_precision_loss_not_a_bug():
+    """A divergent low-precision gradient is rerun on the same inputs in float64 (as outputs are): equivalent
+    there, its cause is precision_loss (before: kernel_bug, as the in-tree Blelloch selective scan's gradient
+    overflowing to -inf in float32 where the exact one is -1.7e31 was called)."""
+    spec = _planted(_CumprodBackward.apply, "planted.cumprod_backward")
+    problem = Problem("linear_scan", 600, dtype="float32", batch=1, dim=3, seed=1)
+    records = {r["grad_of"]: r for r in gradient_case(spec, problem)}
+    assert records["b"]["verdict"] == "divergent", records["b"]["why"]  # NaN where the gradient is finite
+    assert records["b"]["cause"] == "precision_loss", records["b"]["why"]
+    assert records["b"]["float64_verdict"] == "equivalent" and "in float64 give an equivalent" in records["b"]["why"]
+    wide = {r["grad_of"]: r for r in gradient_case(spec, problem.replace(dtype="float64"))}
+    assert all(r["verdict"] == "equivalent" for r in wide.values()), [r["why"] for r in wide.values()]
+
+
 def test_a_kernel_that_detaches_an_input_is_found():
     def detached(a, b):
         return blelloch_linear_scan(a.detach(), b)
