@@ -21,6 +21,11 @@ docs/calibration.md.
     python scripts/calibrate.py --cases 4 --print         # a quick look, nothing written
     python scripts/calibrate.py --cases 200 --profile nightly --records /tmp/calib.jsonl
 
+``--grad`` also differentiates every equivalent case of a kernel that declares autograd, up to
+`harness.gradients.GRADIENT_MAX_LENGTH` (as `harness check` does by default): one row per input's gradient
+(kernel ``<name>:grad[<input>]``), counted with the forward runs of correct kernels (a false alarm in a
+gradient is one too); a planted bug's gradient rows are not detection cases (their bugs are in the forward).
+
 The inputs, the float64 oracle and the same-dtype baseline depend only on the problem, so the run passes
 one `harness.oracle_cache.OracleCache` to `run_case` (`RunOptions.oracle_cache`): every kernel of a family
 then shares one draw, one oracle run and one baseline per problem. Nothing else in `run_case` changes.
@@ -175,13 +180,14 @@ def kernels(third_party: bool = False, planted_bugs: bool = True):
 def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_path: Path | None,
         progress: bool, *, third_party: bool = False, planted_bugs: bool = True, max_seconds: float | None = None,
         families: tuple[str, ...] | None = None, max_length: int | None = None, shard=None,
-        max_workers: int | None = None, timeout_s: float | None = None) -> list[dict]:
+        max_workers: int | None = None, timeout_s: float | None = None, grad: bool = False) -> list[dict]:
     """Run ``cases`` problems per (dtype, family). Without a time limit the problems are drawn dtype by
     dtype and family by family (the order of the committed tables, so a rerun with the same seed draws
     the same problems); with one (``max_seconds``, checked between problems) round-robin over both, so
     that every (dtype, family) gets its share. ``shard`` (`harness.shard.Shard`): every problem is drawn,
     so the draws are the unsharded run's, and this job runs every N-th from the K-th (`--from-records`
     joins the jobs' records into the unsharded run's tables)."""
+    from harness.gradients import gradient_case, gradients_checked
     from harness.kernels.contract import Family
     from harness.problems import REGIMES
     from harness.kernels import isolation
@@ -226,20 +232,25 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                         problem = base if spec.capabilities.takes_chunk else base.replace(chunk_size=None)
                         problem = _fit(problem, spec)
                         rec = run_case(spec, problem, options)
-                        row = {
-                            "kind": "planted" if bug else "correct", "position": position,
-                            "kernel": spec.name, "family": family.value, "dtype": dtype, "regime": regime,
-                            "length": problem.length, "case": problem.key, "problem": base.key,
-                            "verdict": rec["verdict"], "cause": rec.get("cause"),
-                            "cond_max": rec.get("cond_max"), "baseline_ratio": rec.get("baseline_ratio"),
-                            "baseline_cond_max": rec.get("baseline_cond_max"),
-                            "exposes": bool(bug.exposes(problem)) if bug else None,
-                            "why": rec.get("why"),
-                        }
-                        if fh:  # the full record too, so that `--from-records` rebuilds every table
-                            fh.write(dumps(dict(row, problem_fields=problem.to_dict(), record=rec)) + "\n")
-                        row["record"] = rec  # the full record, to re-judge under other policies
-                        out.append(row)
+                        taken = [rec]
+                        if (grad and rec["verdict"] == "equivalent" and spec.capabilities.autograd
+                                and gradients_checked(problem)):
+                            taken += gradient_case(spec, problem, options, forward=rec)
+                        for rec in taken:
+                            row = {
+                                "kind": "planted" if bug else "correct", "position": position,
+                                "kernel": rec.get("kernel", spec.name), "family": family.value, "dtype": dtype,
+                                "regime": regime, "length": problem.length, "case": problem.key, "problem": base.key,
+                                "verdict": rec["verdict"], "cause": rec.get("cause"),
+                                "cond_max": rec.get("cond_max"), "baseline_ratio": rec.get("baseline_ratio"),
+                                "baseline_cond_max": rec.get("baseline_cond_max"),
+                                "exposes": (bool(bug.exposes(problem)) and rec.get("mode") != "grad") if bug else None,
+                                "why": rec.get("why"),
+                            }
+                            if fh:  # the full record too, so that `--from-records` rebuilds every table
+                                fh.write(dumps(dict(row, problem_fields=problem.to_dict(), record=rec)) + "\n")
+                            row["record"] = rec  # the full record, to re-judge under other policies
+                            out.append(row)
                 if progress and (step + 1) % max(1, len(order) // 20) == 0:
                     print(f"  {step + 1} of {len(order)} steps, {len(out)} runs, "
                           f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
@@ -542,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-workers", type=int, default=None,
                         help="kernel workers kept alive (default: one per kernel of the run; a worker holds "
                              "~15 MB of its own, ~190 MB for one that imported fla)")
+    parser.add_argument("--grad", action="store_true",
+                        help="also check the gradients of every equivalent case of an autograd kernel (as `harness "
+                             "check` does), each input's gradient a row of its own (kernel NAME:grad[INPUT])")
     parser.add_argument("--from-records", nargs="+", default=None, metavar="FILE",
                         help="build the tables from these --records files (the jobs of a sharded run) instead of "
                              "running; give the run's own --cases, --profile and --dtypes")
@@ -564,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run(args.cases, args.seed, args.profile, dtypes, Path(args.records) if args.records else None,
                    progress=not args.quiet, third_party=args.third_party, planted_bugs=not args.no_planted,
                    max_seconds=args.max_seconds, families=families, max_length=args.max_length, shard=shard,
-                   max_workers=args.max_workers, timeout_s=args.timeout)
+                   max_workers=args.max_workers, timeout_s=args.timeout, grad=args.grad)
     given = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--records", "--out"):  # where this run wrote things is not part of what it measured
         if flag in given:

@@ -131,3 +131,33 @@ def test_the_worker_limit_is_checked_and_closes_the_least_recently_used(monkeypa
         assert closed == ["b", "c"] and list(isolation._WORKERS) == ["d", "a"]
     finally:
         isolation.configure(max_workers=isolation.MAX_WORKERS)
+
+
+def test_with_grad_a_wrong_backward_of_a_correct_forward_is_a_false_alarm_and_the_right_ones_are_not(
+        calibrate, monkeypatch):
+    """``--grad`` differentiates the equivalent cases of autograd kernels (as `harness check` does): each
+    input's gradient is a row, counted with the correct kernels. Without it a correct forward with a wrong
+    backward passed the calibration unseen (only forwards were run)."""
+    from harness.kernels.contract import Capabilities, KernelSpec
+    from tests.test_gradients import _LeakyBackward
+
+    leaky = KernelSpec(name="planted.leaky_backward", family="linear_scan", load=lambda: _LeakyBackward.apply,
+                       capabilities=Capabilities(dtypes=("float64", "float32"), autograd=True), source="test")
+    real = calibrate.kernels
+
+    def with_leaky(third_party=False, planted_bugs=True):
+        correct, planted = real(third_party, planted_bugs)
+        return [*correct, (leaky, None)], planted
+
+    monkeypatch.setattr(calibrate, "kernels", with_leaky)
+    rows = calibrate.run(2, 3, "ci", ("float64",), None, False, families=("linear_scan",), planted_bugs=False,
+                         grad=True)
+    grads = [r for r in rows if r["record"].get("mode") == "grad"]
+    assert {r["kernel"] for r in grads} >= {"intree.blelloch_scan:grad[a]", "intree.blelloch_scan:grad[b]",
+                                            "planted.leaky_backward:grad[b]"}
+    assert all(r["kind"] == "correct" for r in grads)
+    per_dtype, _, alarms = calibrate.summarize(rows, ("float64",))
+    assert alarms and {r["kernel"].split(":")[0] for r in alarms} == {"planted.leaky_backward"}  # no in-tree one
+    assert per_dtype[0]["false alarms"].startswith(f"{len(alarms)} ")
+    without = calibrate.run(2, 3, "ci", ("float64",), None, False, families=("linear_scan",), planted_bugs=False)
+    assert not [r for r in without if r["verdict"] in calibrate.FAILING]  # forwards only: the wrong backward unseen
