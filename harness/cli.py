@@ -111,7 +111,7 @@ def _apply_isolation(args) -> None:
     from harness.kernels.isolation import configure
 
     timeout = getattr(args, "timeout", None)
-    if timeout is None and args.command in ("check", "sweep", "replay"):
+    if timeout is None and args.command in _RUNS_KERNELS:
         timeout = _project(args).timeout
     if timeout is not None:
         configure(timeout_s=timeout)
@@ -556,12 +556,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Commands that run kernels (in worker processes unless --in-process).
+_RUNS_KERNELS = ("check", "sweep", "replay")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from harness.kernels.isolation import clear_stop, prestart
+
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0] in _RUNS_KERNELS and "--in-process" not in given:
+        prestart()  # first of all: the workers' server imports torch beside this process, not after it
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
     interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
-    from harness.kernels.isolation import clear_stop
-
     previous: dict = {}
     try:
         parser = build_parser()
