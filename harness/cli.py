@@ -564,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.kernels.isolation import clear_stop, prestart
 
     given = list(sys.argv[1:] if argv is None else argv)
-    if given and given[0] in _RUNS_KERNELS and "--in-process" not in given:
+    if given and given[0] in _RUNS_KERNELS and not {"--in-process", "--list", "--help", "-h"} & set(given):
         prestart()  # first of all: the workers' server imports torch beside this process, not after it
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
