@@ -89,16 +89,10 @@ def test_a_wrong_backward_is_found_while_the_forward_is_right(dtype):
     assert by_input["b"]["cause"] == "kernel_bug"
 
 
-class _CumprodBackward(torch.autograd.Function):
-    """Right forward and, in exact arithmetic, right backward: the adjoint lam_t = sum_{s>=t} g_s P_s / P_t with
-    P_t = a_1 ... a_t. In float32 P underflows to 0 within a few hundred steps of decays below 1 (0/0 = NaN)
+class _CumprodBackward(_LeakyBackward):
+    """The same forward and, in exact arithmetic, a right backward: the adjoint lam_t = sum_{s>=t} g_s P_s / P_t
+    with P_t = a_1 ... a_t. In float32 P underflows to 0 within a few hundred steps of decays below 1 (0/0 = NaN)
     where float64 keeps it: an algorithm that loses range, not an algebraic mistake."""
-
-    @staticmethod
-    def forward(ctx, a, b):
-        h = blelloch_linear_scan(a, b)
-        ctx.save_for_backward(a, h)
-        return h
 
     @staticmethod
     def backward(ctx, g):
