@@ -38,7 +38,8 @@ from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import RunOptions, call_args, output_shape, reference_trace, run_case
+from harness.runner import (RunOptions, call_args, inputs_in, output_shape, reference_trace, rerun_options,
+                            run_case)
 from harness.verdict import judge
 from reference_impls.trace import Trace
 
@@ -280,12 +281,8 @@ def _second_dtype(spec: KernelSpec, problem: Problem, options: RunOptions, input
     the float64 run's verdict and cond_max are recorded (``float64_*``)."""
     if spec.capabilities.runs("float64", problem.device) is not None:
         return
-    wide = problem.replace(dtype="float64", tf32=False)
-    quiet = RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
-                       precision_counterfactual=False, future_leak_probe=False, tf32_counterfactual=False,
-                       chunk_counterfactual=False, isolation=options.isolation)
-    again = {r.get("grad_of"): r for r in gradient_case(
-        spec, wide, quiet, inputs={k: v.to(torch.float64) if v.is_floating_point() else v for k, v in inputs.items()})}
+    again = {r.get("grad_of"): r for r in gradient_case(spec, problem.replace(dtype="float64", tf32=False),
+                                                        rerun_options(options), inputs=inputs_in("float64", inputs))}
     for record in records:
         if record["verdict"] != "divergent":
             continue

@@ -214,11 +214,7 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     if (judgement.verdict is Verdict.DIVERGENT and options.eps_counterfactual
             and problem.definition.takes_eps and problem.eps):
         t0 = time.perf_counter()
-        zero = run_case(spec, problem.replace(eps=0.0),
-                        RunOptions(options.policy, options.timeout_s, check_determinism=False,
-                                   eps_counterfactual=False, precision_counterfactual=False, future_leak_probe=False,
-                                   tf32_counterfactual=False, chunk_counterfactual=False, isolation=options.isolation),
-                        kernel_fn=kernel_fn)
+        zero = run_case(spec, problem.replace(eps=0.0), rerun_options(options), kernel_fn=kernel_fn)
         timings["t_eps0"] = time.perf_counter() - t0
         record["eps0_cond_max"] = zero.get("cond_max")
         if zero["verdict"] == Verdict.EQUIVALENT.value:
@@ -491,15 +487,24 @@ def _scales_with_roundoff(cond_high: Any, cond_low: Any) -> bool:
             and math.isfinite(cond_low) and cond_low > 0 and cond_high <= PRECISION_SCALING * cond_low)
 
 
+def rerun_options(options: RunOptions) -> RunOptions:
+    """The options of a counterfactual rerun (eps 0, a second dtype; a gradient's too): ``options``' policy,
+    timeout and isolation, with no probe or counterfactual of its own."""
+    return RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
+                      precision_counterfactual=False, future_leak_probe=False, tf32_counterfactual=False,
+                      chunk_counterfactual=False, isolation=options.isolation)
+
+
+def inputs_in(dtype: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A case's inputs converted to ``dtype`` (exactly when it is wider); the others as they are."""
+    return {k: v.to(DTYPE_NAMES[dtype]) if v.is_floating_point() else v for k, v in inputs.items()}
+
+
 def _rerun_in(dtype: str, spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
               options: RunOptions, kernel_fn: Callable | None) -> dict[str, Any]:
     """The record of the same case in ``dtype``, its inputs the case's own converted (exactly when wider)."""
-    moved = {k: v.to(DTYPE_NAMES[dtype]) if v.is_floating_point() else v for k, v in inputs.items()}
-    return run_case(spec, problem.replace(dtype=dtype, tf32=False),
-                    RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
-                               precision_counterfactual=False, future_leak_probe=False, tf32_counterfactual=False,
-                               chunk_counterfactual=False, isolation=options.isolation),
-                    kernel_fn=kernel_fn, inputs=moved)
+    return run_case(spec, problem.replace(dtype=dtype, tf32=False), rerun_options(options), kernel_fn=kernel_fn,
+                    inputs=inputs_in(dtype, inputs))
 
 
 def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
