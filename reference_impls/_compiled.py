@@ -17,7 +17,9 @@ replaces, in the same order, each rounded in the tensors' dtype:
 - `selective_scan_block`: ``h = decay * h + (d' * u) * B`` and ``y = ((C_0 h_0 + C_1 h_1) + ...) + D u``
   (the sum over n left to right, as `_loop.seq_sum`);
 - `retention_block`: ``S = gamma * S + k_i * v_j`` and ``o_j = (q_0 S_0j + q_1 S_1j) + ...`` (the sum
-  over i left to right; the ``* scale`` stays in torch).
+  over i left to right; the ``* scale`` stays in torch);
+- `gated_block` (simple GLA, GLA, SSD): the same with the decay ``a = exp(g)`` of the step, one per head
+  or per key channel (the exp and the ``* scale`` stay in torch).
 
 The traces (`reference_impls.trace`, float64) have kernels of their own, which do the plain kernel's
 step and, in the same pass, every companion the torch trace loop computes for that step:
@@ -32,7 +34,11 @@ step and, in the same pass, every companion the torch trace loop computes for th
 - `retention_trace_block`: per row i ``S_i = gamma * S_i + k_i v``, ``H_i = |gamma| * H_i + |k_i v|``,
   ``W_i = |gamma| * W_i + H_i``, with ``q_i S_i``, ``|q_i| H_i``, ``|q_i| W_i`` summed over i left to
   right; ``P = max(P, 1) * |gamma|`` per head; state_peak the running maximum over i and the steps of
-  ``|S_ij|``, decay_peak that of P (``* scale``, ``* |scale|`` and ``+ dk * magnitude`` stay in torch).
+  ``|S_ij|``, decay_peak that of P (``* scale``, ``* |scale|`` and ``+ dk * magnitude`` stay in torch);
+- `gated_trace_block`: per entry ``S = a S + k_i v_j``, ``H = |a| H + |k_i v_j|``, ``W = |a| W + H`` (plus
+  ssd's input-rounding terms), the chunk term's ``D = |a| D + |a| r`` and ``Y = D + 2 Lambda H``, the four
+  sums over i, and the running maxima of ``|S|`` (per column and per entry) and of ``P = max(P, 1) |a|``
+  (`reference_impls.gated_decay._segment`; the exp and the scale factors stay in torch).
 
 The trace kernels repeat the plain kernels' step instead of calling a shared one: written on the
 shared helpers, the plain kernels (the ones the baselines and the benchmark run) were 15-30% slower.
@@ -97,6 +103,8 @@ __all__ = [
     "linear_recurrence_trace",
     "selective_scan_trace_block",
     "retention_trace_block",
+    "gated_block",
+    "gated_trace_block",
 ]
 
 _DISABLED = os.environ.get("SEQKERNEL_ORACLE_JIT", "1").strip().lower() in ("0", "off", "false", "no")
@@ -438,6 +446,126 @@ if numba is not None:
                 d_peak = _running_max(d_peak, p_all[hd, t - start])
                 decay_peak[b, t, hd] = d_peak
 
+    @_par
+    def _gated_kernel(decay, q, k, v, start, state, o):  # pragma: no cover - compiled
+        # Steps start, ..., start+n-1 of the gated recurrence, n = decay.shape[0]. decay (n, batch, heads,
+        # Kg) = exp(g) of those steps, Kg = 1 (one per head) or K (one per key channel); q, k (batch, T,
+        # heads, K); v, o (batch, T, heads, V); state (batch, heads, K, V), updated in place. o is q S,
+        # before the scale.
+        n, batch, heads, n_g = decay.shape
+        dk = q.shape[3]
+        for r in numba.prange(batch * heads):
+            b, hd = r // heads, r % heads
+            kv = np.empty_like(v[0, 0, 0])  # k_i v of one step and row (scratch of this row's thread)
+            for st in range(n):
+                t = start + st
+                vt = v[b, t, hd]
+                for i in range(dk):
+                    ki = k[b, t, hd, i]
+                    for j in range(kv.shape[0]):
+                        kv[j] = ki * vt[j]
+                    a = decay[st, b, hd, i if n_g > 1 else 0]
+                    _row_step(a, state[b, hd, i], kv, q[b, t, hd, i], o[b, t, hd], i == 0)  # S = a S + k v
+
+    @_par
+    def _gated_trace_kernel(decay, q, k, v, extra, has_extra, lam, chunk_first, has_chunk, start, states,
+                            p_states, outs, one):  # pragma: no cover - compiled
+        # `_gated_kernel` plus the trace of `reference_impls.gated_decay._segment`. extra = (e_a, e_kv),
+        # each (batch, T, heads, 1): ssd's input rounding (read only with has_extra); lam (batch, T,
+        # heads, Kg) and chunk_first (T,): the chunk term's mass and chunk starts (read only with
+        # has_chunk). states = (S, H, W, D, Y, entry_peak), each (batch, heads, K, V), and p_states =
+        # (P, P_peak), each (batch, heads, Kg), updated in place; outs = (o, magnitude, growth, chunk,
+        # state_peak, decay_peak), each (batch, T, heads, V), the block's steps written: o, magnitude,
+        # growth and chunk the sums over K (before * scale, * |scale|, + K magnitude), the running maxima
+        # continuing from step start-1 (0 before step 0).
+        e_a, e_kv = extra
+        s_all, h_all, w_all, d_all, y_all, peak_all = states
+        p_all, p_peak_all = p_states
+        o, mag, growth, chunk, state_peak, decay_peak = outs
+        n, batch, heads, n_g = decay.shape
+        dk = q.shape[3]
+        dv = v.shape[3]
+        zero = one - one
+        two = one + one
+        for r in numba.prange(batch * heads):
+            b, hd = r // heads, r % heads
+            p, p_peak = p_all[b, hd], p_peak_all[b, hd]
+            d_peak = decay_peak[b, start - 1, hd, 0] if start > 0 else zero
+            # scratch of this row's thread: |k_i v| and H before the step. Each entry's companions are
+            # computed in a few short loops over j (each vectorizes; one long loop did not).
+            kv_abs = np.empty_like(v[0, 0, 0])
+            h_prev = np.empty_like(kv_abs)
+            for st in range(n):
+                t = start + st
+                vt = v[b, t, hd]
+                ot, mt, gt, ct, sp = o[b, t, hd], mag[b, t, hd], growth[b, t, hd], chunk[b, t, hd], state_peak[b, t, hd]
+                for j in range(dv):
+                    sp[j] = state_peak[b, t - 1, hd, j] if t > 0 else zero
+                for c in range(n_g):  # P = max(P, 1) |a| per decay channel, and its running maxima
+                    pc = _peak_step(p[c], abs(decay[st, b, hd, c]), one)
+                    p[c] = pc
+                    p_peak[c] = _running_max(p_peak[c], pc)
+                    d_peak = _running_max(d_peak, pc)
+                dp = decay_peak[b, t, hd]
+                for j in range(dv):
+                    dp[j] = d_peak
+                restart = has_chunk and t > 0 and chunk_first[t]  # a chunk's first step, not the segment's
+                ea = e_a[b, t, hd, 0] if has_extra else zero
+                ekv = e_kv[b, t, hd, 0] if has_extra else zero
+                for i in range(dk):
+                    c = i if n_g > 1 else 0
+                    a = decay[st, b, hd, c]
+                    a_abs = abs(a)
+                    ki = k[b, t, hd, i]
+                    qi = q[b, t, hd, i]
+                    q_abs = abs(qi)
+                    first = i == 0
+                    s_row, h_row, w_row = s_all[b, hd, i], h_all[b, hd, i], w_all[b, hd, i]
+                    d_row, y_row, peak_row = d_all[b, hd, i], y_all[b, hd, i], peak_all[b, hd, i]
+                    for j in range(dv):  # S = a S + k v, o (+)= q S, the maxima of |S|
+                        x = ki * vt[j]
+                        kv_abs[j] = abs(x)
+                        s = a * s_row[j]
+                        s = s + x
+                        s_row[j] = s
+                        ot[j] = _sum_step(ot[j], qi * s, first)
+                        s_abs = abs(s)
+                        sp[j] = _running_max(sp[j], s_abs)
+                        peak_row[j] = _running_max(peak_row[j], s_abs)
+                    for j in range(dv):  # H = |a| H + |k v|, magnitude (+)= |q| H
+                        hp = h_row[j]
+                        h_prev[j] = hp
+                        h = a_abs * hp
+                        h = h + kv_abs[j]
+                        h_row[j] = h
+                        mt[j] = _sum_step(mt[j], q_abs * h, first)
+                    if has_extra:  # W = |a| W + (H + (e_a |a|) H_prev + e_kv |k v|), growth (+)= |q| W
+                        ea_a = ea * a_abs
+                        for j in range(dv):
+                            w_in = h_row[j] + ea_a * h_prev[j]
+                            w_in = w_in + ekv * kv_abs[j]
+                            w = a_abs * w_row[j]
+                            w = w + w_in
+                            w_row[j] = w
+                            gt[j] = _sum_step(gt[j], q_abs * w, first)
+                    else:  # W = |a| W + H
+                        for j in range(dv):
+                            w = a_abs * w_row[j]
+                            w = w + h_row[j]
+                            w_row[j] = w
+                            gt[j] = _sum_step(gt[j], q_abs * w, first)
+                    if has_chunk:  # D = |a| D + |a| r, Y = D + 2 Lambda H, chunk (+)= |q| Y
+                        lam2 = two * lam[b, t, hd, c]
+                        lam2_prev = two * lam[b, t - 1, hd, c] if restart else zero
+                        for j in range(dv):
+                            rr = lam2_prev * h_prev[j] if restart else zero
+                            d = a_abs * d_row[j]
+                            d = d + a_abs * rr
+                            d_row[j] = d
+                            y = d + lam2 * h_row[j]
+                            y_row[j] = y
+                            ct[j] = _sum_step(ct[j], q_abs * y, first)
+
 
 # -------------------------------------------------------------------------------------- wrappers
 def _steps(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -573,3 +701,44 @@ def retention_trace_block(gamma: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     """
     _parallel(_retention_trace_kernel, _np(gamma.contiguous()), _np(q), _np(k), _np(v), start, stop, tuple(map(_np, states)),
                             _np(decay_state), tuple(map(_np, outs)), _scalar(q, 1))
+
+
+def gated_block(decay: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                state: torch.Tensor, o: torch.Tensor) -> None:
+    """Steps ``start, ..., start + n - 1`` of the gated recurrence (`reference_impls.gated_decay`), fused:
+    ``S = a S + k^T v`` (per entry one multiply, then one add) and ``o = q S`` (the sum over K left to
+    right), before ``* scale``.
+
+    decay: (n, batch, heads, Kg) = exp(g) of those steps (Kg = 1 or K); q, k: (batch, T, heads, K); v, o:
+    (batch, T, heads, V), contiguous (o's steps are written); state: (batch, heads, K, V), contiguous,
+    updated in place.
+    """
+    _parallel(_gated_kernel, _np(decay.contiguous()), _np(q), _np(k), _np(v), start, _np(state), _np(o))
+
+
+def gated_trace_block(decay: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      extra: tuple[torch.Tensor, torch.Tensor] | None, lam: torch.Tensor | None,
+                      chunk_first: torch.Tensor | None, start: int, states: tuple[torch.Tensor, ...],
+                      p_states: tuple[torch.Tensor, torch.Tensor], outs: tuple[torch.Tensor, ...]) -> None:
+    """`gated_block` plus the trace of the same steps (`reference_impls.gated_decay._segment`), fused.
+
+    extra: ssd's (e_a, e_kv), each (batch, T, heads, 1), or None; lam (batch, T, heads, Kg) and
+    chunk_first (T,) bool: the chunk term's mass and chunk starts, or None. states: (S, H, W, D, Y,
+    entry_peak), each (batch, heads, K, V); p_states: (P, P_peak), each (batch, heads, Kg); all
+    contiguous, updated in place. outs: (o, magnitude, growth, chunk, state_peak, decay_peak), each
+    (batch, T, heads, V), contiguous; the block's steps are written. Per step: ``P = max(P, 1) |a|`` per
+    decay channel; per entry, in this order, ``S = a S + k v``, ``H = |a| H + |k v|``, ``W = |a| W + (H +
+    e_a |a| H_prev + e_kv |k v|)`` (the last two with extra), with the chunk term ``D = |a| D + |a| r``,
+    ``Y = D + 2 Lambda H`` (``r = 2 Lambda_prev H_prev`` at a chunk's first step after the segment's
+    first, else 0); o, magnitude, growth and chunk the sums over K (left to right) of ``q S``, ``|q| H``,
+    ``|q| W``, ``|q| Y``, left before ``* scale``, ``* |scale|`` and ``+ K magnitude``; state_peak the
+    running maximum of ``|S|`` over K and the steps, entry_peak that of each entry, decay_peak that of P.
+    """
+    has_extra, has_chunk = extra is not None, lam is not None
+    dummy = q.new_zeros((1, 1, 1, 1))
+    e_a, e_kv = (e.contiguous() for e in extra) if has_extra else (dummy, dummy)
+    lam = lam.contiguous() if has_chunk else dummy
+    chunk_first = chunk_first.contiguous() if has_chunk else torch.zeros(1, dtype=torch.bool)
+    _parallel(_gated_trace_kernel, _np(decay.contiguous()), _np(q), _np(k), _np(v), (_np(e_a), _np(e_kv)),
+              has_extra, _np(lam), _np(chunk_first), has_chunk, start, tuple(map(_np, states)),
+              tuple(map(_np, p_states)), tuple(map(_np, outs)), _scalar(q, 1))

@@ -109,6 +109,9 @@ for row chunks. A harness bounds a chunked kernel's error by ``u (growth + chunk
 (`GatedTrace.with_chunk_growth`).
 
 Memory: per block of steps the states are (steps, batch, heads, K, V); no (T, K, V) tensor is formed.
+On the CPU in float32/float64 the block loop runs compiled (`reference_impls._compiled.gated_block` and
+``gated_trace_block``: the same operations in the same order, the same bits, 4-6x faster) and holds only
+the states.
 """
 
 from __future__ import annotations
@@ -351,6 +354,9 @@ def _segment(q, k, v, g, h0, scale, chunk, *, with_trace, extra=None):
     or None; extra: None or (e_a, e_kv) (batch, n, heads, 1), the inputs' own rounding in units of u
     (ssd's growth term). Returns (o, last state, `GatedTrace` or None).
     """
+    jit = _loop.fused(q, k, v, g, h0, *(extra or ()), *(chunk[:1] if chunk is not None else ()))
+    if jit is not None:
+        return _segment_fused(jit, q, k, v, g, h0, scale, chunk, with_trace=with_trace, extra=extra)
     dtype, device = q.dtype, q.device
     batch, n_steps, heads, dk = q.shape
     dv = v.shape[-1]
@@ -427,6 +433,44 @@ def _segment(q, k, v, g, h0, scale, chunk, *, with_trace, extra=None):
         return o, state, None
     final = Trace(out=state, magnitude=mag_state, growth=growth_state, state_peak=entry_peak,
                   decay_peak=p_peak[..., None].expand_as(state).clone())
+    out = Trace(out=o, magnitude=mag, growth=growth, state_peak=state_peak, decay_peak=decay_peak)
+    trace = GatedTrace(out=out, final_state=final, chunk_growth=chunk_o if chunk is not None else None,
+                       final_state_chunk_growth=y_state if chunk is not None else None)
+    return o, state, trace
+
+
+def _segment_fused(jit, q, k, v, g, h0, scale, chunk, *, with_trace, extra):
+    """`_segment` on the compiled block kernels (`reference_impls._compiled.gated_block`,
+    ``gated_trace_block``): the torch loop's operations in its order, per entry and step, so the same
+    bits (``tests/test_oracle_compiled.py``), without its block-sized intermediates. The decays are
+    torch's ``exp`` of the same block views as there (a vectorized exp may round a value differently
+    in another layout); the scale is applied at the end, as torch's elementwise products."""
+    dtype = q.dtype
+    batch, n_steps, heads, dk = q.shape
+    dv = v.shape[-1]
+    qc, kc, vc = (x.contiguous() for x in (q, k, v))
+    o = torch.empty((batch, n_steps, heads, dv), dtype=dtype)
+    state = torch.zeros((batch, heads, dk, dv), dtype=dtype) if h0 is None else h0.contiguous().clone()
+    steps = _loop.block_length(n_steps, batch * heads * dk * dv)
+    blocks = [(start, torch.exp(g[:, start:stop].transpose(0, 1))) for start, stop in _loop.blocks(n_steps, steps)]
+    if not with_trace:
+        for start, decay in blocks:
+            jit.gated_block(decay, qc, kc, vc, start, state, o)
+        return o.mul_(scale), state, None
+    states = (state, state.abs(), *(torch.zeros_like(state) for _ in range(3)), state.abs())  # S H W D Y peak
+    p_states = tuple(torch.zeros((batch, heads, g.shape[-1]), dtype=dtype) for _ in range(2))
+    outs = tuple(torch.empty_like(o) for _ in range(5))
+    lam, chunk_first = chunk if chunk is not None else (None, None)
+    for start, decay in blocks:
+        jit.gated_trace_block(decay, qc, kc, vc, extra, lam, chunk_first, start, states, p_states, (o, *outs))
+    mag, growth, chunk_o, state_peak, decay_peak = outs
+    o.mul_(scale)
+    mag.mul_(abs(scale))
+    growth.mul_(abs(scale)).add_(dk * mag)
+    chunk_o.mul_(abs(scale))
+    _, mag_state, growth_state, _, y_state, entry_peak = states
+    final = Trace(out=state, magnitude=mag_state, growth=growth_state, state_peak=entry_peak,
+                  decay_peak=p_states[1][..., None].expand_as(state).clone())
     out = Trace(out=o, magnitude=mag, growth=growth, state_peak=state_peak, decay_peak=decay_peak)
     trace = GatedTrace(out=out, final_state=final, chunk_growth=chunk_o if chunk is not None else None,
                        final_state_chunk_growth=y_state if chunk is not None else None)

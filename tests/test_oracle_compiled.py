@@ -1,7 +1,7 @@
 """The compiled oracle loops (`reference_impls._compiled`, numba) give the torch loops' bits exactly.
 
 - Every oracle (linear recurrence, selective scan with D, z, softplus, delta_bias and groups, retention
-  and retention_normed), in float64 and float32, on several shapes including lengths that are not a
+  and retention_normed, simple GLA, GLA and SSD), in float64 and float32, on several shapes including lengths that are not a
   multiple of the block: the compiled path and the pure-torch per-step loop are `torch.equal`, and the
   compiled path was really taken.
 - Every trace (the fused trace kernels), on typical inputs and on extreme ones (overflow to inf, NaN
@@ -26,6 +26,8 @@ import torch
 from reference_impls import (
     _compiled,
     _loop,
+    gla,
+    gla_trace,
     linear_recurrence,
     linear_recurrence_trace,
     retention,
@@ -34,15 +36,21 @@ from reference_impls import (
     retention_trace,
     selective_scan,
     selective_scan_trace,
+    simple_gla,
+    simple_gla_trace,
+    ssd,
+    ssd_trace,
 )
+from reference_impls.gated_decay import GatedTrace
 from reference_impls.trace import Trace
 
 needs_numba = pytest.mark.skipif(not _compiled.AVAILABLE, reason=f"compiled loops off: {_compiled.UNAVAILABLE_REASON}")
 
 KERNELS = ("_recur_kernel", "_recur_peak_kernel", "_selective_scan_kernel", "_retention_kernel",
-           "_linear_recurrence_trace_kernel", "_selective_scan_trace_kernel", "_retention_trace_kernel")
-TRACE_WRAPPERS = ("linear_recurrence_trace", "selective_scan_trace_block", "retention_trace_block")
-WRAPPERS = ("recur", "recur_peak", "selective_scan_block", "retention_block", *TRACE_WRAPPERS)
+           "_linear_recurrence_trace_kernel", "_selective_scan_trace_kernel", "_retention_trace_kernel",
+           "_gated_kernel", "_gated_trace_kernel")
+TRACE_WRAPPERS = ("linear_recurrence_trace", "selective_scan_trace_block", "retention_trace_block", "gated_trace_block")
+WRAPPERS = ("recur", "recur_peak", "selective_scan_block", "retention_block", "gated_block", *TRACE_WRAPPERS)
 
 
 @pytest.fixture
@@ -75,6 +83,13 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 def _assert_same(a, b) -> None:
+    if a is None or b is None:  # an output not asked for (a final state)
+        assert a is None and b is None
+        return
+    if isinstance(a, GatedTrace):
+        for field in ("out", "final_state", "chunk_growth", "final_state_chunk_growth"):
+            _assert_same(getattr(a, field), getattr(b, field))
+        return
     if isinstance(a, Trace):
         for field in ("out", "magnitude", "growth", "state_peak", "decay_peak"):
             _assert_same(getattr(a, field), getattr(b, field))
@@ -134,6 +149,33 @@ def _retention(seed, batch, length, heads, dk, dv, dtype):
     q, k = (torch.randn((batch, length, heads, dk), generator=g, dtype=torch.float64) for _ in range(2))
     v = torch.randn((batch, length, heads, dv), generator=g, dtype=torch.float64)
     return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _gated(seed, batch, length, heads, dk, dv, dtype, *, per_key):
+    """q, k, v, g and an initial state for simple GLA (per_key False) or GLA; log-decays in [-2, 0]."""
+    g = _gen(seed)
+    f = dict(generator=g, dtype=torch.float64)
+    q, k = (torch.randn((batch, length, heads, dk), **f) for _ in range(2))
+    v = torch.randn((batch, length, heads, dv), **f)
+    gate = -2 * torch.rand((batch, length, heads, *((dk,) if per_key else ())), **f)
+    h0 = torch.randn((batch, heads, dk, dv), **f)
+    return tuple(x.to(dtype) for x in (q, k, v, gate, h0))
+
+
+def _ssd_inputs(seed, batch, length, heads, headdim, n_state, groups, dtype):
+    """x, dt, A, B, C and the keywords D, z, dt_bias, initial_states, seq_idx (two sequences per row)."""
+    g = _gen(seed)
+    f = dict(generator=g, dtype=torch.float64)
+    x = torch.randn((batch, length, heads, headdim), **f)
+    dt = torch.randn((batch, length, heads), **f)
+    A = -torch.rand((heads,), **f) * 2
+    B, C = (torch.randn((batch, length, groups, n_state), **f) for _ in range(2))
+    cut = max(length // 3, 1)
+    kw = dict(D=torch.randn((heads,), **f), z=torch.randn((batch, length, heads, headdim), **f),
+              dt_bias=torch.rand((heads,), **f) - 0.5, initial_states=torch.randn((batch, heads, headdim, n_state), **f),
+              seq_idx=torch.tensor([[0] * cut + [1] * (length - cut)] * batch))
+    cast = lambda t: t.to(dtype) if t.is_floating_point() else t  # noqa: E731
+    return tuple(cast(t) for t in (x, dt, A, B, C)), {k: cast(v) for k, v in kw.items()}
 
 
 DTYPES = [torch.float64, torch.float32]
@@ -218,6 +260,36 @@ def test_retention_bit_identical(dtype, shape, block, monkeypatch, calls):
     qt = q.transpose(0, 1).contiguous().transpose(0, 1)
     _same_both_ways(retention, qt, k, v, compute_dtype=dtype)
     assert calls["retention_block"] > 0
+
+
+GATED_SHAPES = [  # (batch, L, heads, dk, dv)
+    (1, 1, 1, 1, 1),
+    (2, 37, 3, 5, 4),
+    (1, 300, 2, 16, 8),
+    (2, 130, 4, 8, 32),
+]
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, block", _with_blocks(GATED_SHAPES, 1))
+def test_gated_bit_identical(dtype, shape, block, monkeypatch, calls):
+    """simple GLA and GLA (initial and final state, a given scale), varlen, and SSD (D, dt_bias, softplus,
+    seq_idx), as the same-dtype baselines run them."""
+    monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", block)
+    batch, length, heads, dk, dv = shape
+    for per_key, fn in ((False, simple_gla), (True, gla)):
+        q, k, v, g, h0 = _gated(0, *shape, dtype, per_key=per_key)
+        _same_both_ways(fn, q, k, v, g, compute_dtype=dtype)
+        _same_both_ways(fn, q, k, v, g, scale=-0.3, initial_state=h0, output_final_state=True, compute_dtype=dtype)
+        if length > 2:
+            cu = torch.tensor([0, 1, length // 2, length])
+            _same_both_ways(fn, q[:1], k[:1], v[:1], g[:1], cu_seqlens=cu, output_final_state=True,
+                            compute_dtype=dtype)
+    (x, dt, A, B, C), kw = _ssd_inputs(1, batch, length, heads, dv, dk, 1, dtype)
+    _same_both_ways(ssd, x, dt, A, B, C, 16, D=kw["D"], dt_bias=kw["dt_bias"], dt_softplus=True, seq_idx=kw["seq_idx"],
+                    compute_dtype=dtype)
+    assert calls["gated_block"] > 0
 
 
 @needs_numba
@@ -340,6 +412,42 @@ def test_retention_trace_bit_identical(values, shape, block, monkeypatch, calls)
     assert calls["retention_trace_block"] >= 4
 
 
+GATED_TRACE_SHAPES = GATED_SHAPES + [(2, 200, 3, 4, 16)]  # dv > dk as well as dk > dv
+
+
+@needs_numba
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("shape, block", _with_blocks(GATED_TRACE_SHAPES, 1))
+def test_gated_trace_bit_identical(values, shape, block, monkeypatch, calls):
+    """simple_gla_trace, gla_trace (with and without the chunk term, initial and final state, varlen) and
+    ssd_trace (ssd's input-rounding terms: dt_bias, softplus, D, z, seq_idx, initial states, groups)."""
+    monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", block)
+    batch, length, heads, dk, dv = shape
+    trace = None
+    for per_key, fn in ((False, simple_gla_trace), (True, gla_trace)):
+        q, k, v, g, h0 = _gated(2, *shape, torch.float64, per_key=per_key)
+        if values == "extreme":  # log-decays up to +3: decays > 1 whose products overflow; and the specials
+            q, k, v, h0 = (_extreme(x, i) for i, x in enumerate((q, k, v, h0)))
+            g = _extreme(g.mul(-2.5).add(-2), 9)
+        for chunk in (None, 16):
+            trace = _trace_same_all_ways(fn, q, k, v, g, initial_state=h0, output_final_state=True, chunk_size=chunk)
+            _trace_same_all_ways(fn, q, k, v, g, scale=-0.3, chunk_size=chunk)
+            if length > 2:
+                cu = torch.tensor([0, 1, length // 2, length])
+                _trace_same_all_ways(fn, q[:1], k[:1], v[:1], g[:1], initial_state=h0[:1].expand(3, -1, -1, -1),
+                                     output_final_state=True, cu_seqlens=cu, chunk_size=chunk)
+    groups = 1 if heads % 2 else 2
+    (x, dt, A, B, C), kw = _ssd_inputs(3, batch, length, heads, dv, dk, groups, torch.float64)
+    if values == "extreme":
+        A = A.mul(-2.5).add(2)
+        x, dt, B, C = (_extreme(t, 20 + i) for i, t in enumerate((x, dt, B, C)))
+    for chunk, opts in ((16, dict(dt_softplus=True, **kw)), (64, dict(D=kw["D"], dt_bias=kw["dt_bias"])),
+                        (8, dict(z=kw["z"], initial_states=kw["initial_states"]))):
+        _trace_same_all_ways(ssd_trace, x, dt, A, B, C, chunk, **opts)
+    assert values == "typical" or length < 37 or _overflows(trace.out)
+    assert calls["gated_trace_block"] > 0
+
+
 @needs_numba
 def test_traces_take_the_fused_kernels(monkeypatch, calls):
     """Each trace runs its fused kernel once per block and none of the torch loop's compiled pieces; with
@@ -348,16 +456,18 @@ def test_traces_take_the_fused_kernels(monkeypatch, calls):
     a, b, h = _linear(0, 2, 3, 50, torch.float64, h0=True)
     args, kw = _selective(0, 2, 4, 16, 300, torch.float64, groups_b=2)  # 32 steps per block: 10 blocks
     q, k, v = _retention(0, 2, 300, 2, 8, 8, torch.float64)  # 32 steps per block: 10 blocks
+    gq, gk, gv, gate, h0 = _gated(0, 2, 300, 2, 8, 4, torch.float64, per_key=True)  # 32 steps per block: 10
 
     def run():
         linear_recurrence_trace(a, b, h)
         selective_scan_trace(*args, **kw)
         retention_trace(q, k, v)
         retention_normed_trace(q, k, v, 1e-6)
+        gla_trace(gq, gk, gv, gate, initial_state=h0, chunk_size=64)
 
     run()
     assert calls == dict.fromkeys(WRAPPERS, 0) | dict(linear_recurrence_trace=1, selective_scan_trace_block=10,
-                                                      retention_trace_block=2 * 10)
+                                                      retention_trace_block=2 * 10, gated_trace_block=10)
     calls.update(dict.fromkeys(WRAPPERS, 0))
     _torch_loop(run)
     assert all(calls[name] == 0 for name in TRACE_WRAPPERS) and calls["recur"] > 0 and calls["recur_peak"] > 0
@@ -468,6 +578,11 @@ def test_generated_assembly_has_no_fma(dtype):
         "_retention_trace_kernel": (z(2), z(1, 5, 2, 3), z(1, 5, 2, 3), z(1, 5, 2, 4), 0, 5,
                                     tuple(z(1, 2, 3, 4) for _ in range(3)), z(2), tuple(z(1, 5, 2, 4) for _ in range(5)),
                                     dt.type(1)),
+        "_gated_kernel": (z(5, 1, 2, 3), z(1, 5, 2, 3), z(1, 5, 2, 3), z(1, 5, 2, 4), 0, z(1, 2, 3, 4), z(1, 5, 2, 4)),
+        "_gated_trace_kernel": (z(5, 1, 2, 3), z(1, 5, 2, 3), z(1, 5, 2, 3), z(1, 5, 2, 4),
+                                (z(1, 5, 2, 1), z(1, 5, 2, 1)), True, z(1, 5, 2, 3), np.zeros(5, dtype=bool), True, 0,
+                                tuple(z(1, 2, 3, 4) for _ in range(6)), (z(1, 2, 3), z(1, 2, 3)),
+                                tuple(z(1, 5, 2, 4) for _ in range(6)), dt.type(1)),
     }
     for name in KERNELS:
         fresh = numba.njit(fastmath=False, nogil=True)(getattr(_compiled, name).py_func)
@@ -503,6 +618,8 @@ def test_half_precision_takes_the_torch_loop(dtype, no_kernels):
     q, k, v = _retention(0, 1, 50, 2, 4, 4, dtype)
     assert retention(q, k, v, compute_dtype=dtype).dtype == dtype
     assert retention_normed(q, k, v, 1e-3, compute_dtype=dtype).dtype == dtype
+    gq, gk, gv, gate, h0 = _gated(0, 1, 50, 2, 4, 4, dtype, per_key=True)
+    assert gla(gq, gk, gv, gate, initial_state=h0, compute_dtype=dtype)[0].dtype == dtype
 
 
 def test_mixed_or_non_cpu_tensors_are_not_compiled():
@@ -526,14 +643,20 @@ def _every_oracle(dtype):
     a, b, h = _linear(1, 2, 3, 40, dtype, h0=True)
     args, kw = _selective(1, 2, 4, 3, 40, dtype)
     q, k, v = _retention(1, 1, 40, 2, 4, 4, dtype)
+    gq, gk, gv, gate, h0 = _gated(1, 1, 40, 2, 4, 4, dtype, per_key=True)
+    ssd_args, ssd_kw = _ssd_inputs(1, 1, 40, 2, 4, 4, 1, dtype)
     outs = [("linear_recurrence", linear_recurrence(a, b, h, compute_dtype=dtype)),
             ("selective_scan", selective_scan(*args, **kw, compute_dtype=dtype)),
-            ("retention", retention(q, k, v, compute_dtype=dtype))]
+            ("retention", retention(q, k, v, compute_dtype=dtype)),
+            ("gla", gla(gq, gk, gv, gate, initial_state=h0, compute_dtype=dtype)[0]),
+            ("ssd", ssd(*ssd_args, 16, D=ssd_kw["D"], compute_dtype=dtype)[0])]
     if dtype == torch.float64:
         kw64 = {n: x.double() if isinstance(x, torch.Tensor) else x for n, x in kw.items()}
         outs += [("linear_recurrence_trace", linear_recurrence_trace(a, b).out),
                  ("selective_scan_trace", selective_scan_trace(*args, **kw64).out),
-                 ("retention_trace", retention_trace(q, k, v).out)]
+                 ("retention_trace", retention_trace(q, k, v).out),
+                 ("gla_trace", gla_trace(gq, gk, gv, gate, chunk_size=16).out.growth),
+                 ("ssd_trace", ssd_trace(*ssd_args, 16, dt_softplus=True, **ssd_kw).out.growth)]
     return outs
 
 
@@ -612,12 +735,17 @@ def _every_oracle_with_rows(dtype):
     a, b, h = _linear(2, 3, 5, 70, dtype, h0=True)
     args, kw = _selective(2, 3, 7, 3, 70, dtype)
     q, k, v = _retention(2, 3, 70, 3, 4, 5, dtype)
+    gq, gk, gv, gate, h0 = _gated(2, 3, 70, 3, 4, 5, dtype, per_key=False)
     outs = [("selective_scan", selective_scan(*args, **kw, compute_dtype=dtype)),
-            ("retention", retention(q, k, v, compute_dtype=dtype))]
+            ("retention", retention(q, k, v, compute_dtype=dtype)),
+            ("simple_gla", simple_gla(gq, gk, gv, gate, initial_state=h0, compute_dtype=dtype)[0])]
     if dtype == torch.float64:
+        gated = simple_gla_trace(gq, gk, gv, gate, initial_state=h0, output_final_state=True, chunk_size=16)
         outs += [("linear_recurrence_trace", linear_recurrence_trace(a, b).out),
                  ("selective_scan_trace", selective_scan_trace(*args, **kw)),
-                 ("retention_trace", retention_trace(q, k, v))]
+                 ("retention_trace", retention_trace(q, k, v)),
+                 ("simple_gla_trace", gated.out), ("simple_gla_trace.final_state", gated.final_state),
+                 ("simple_gla_trace.chunk_growth", gated.chunk_growth)]
     flat = []
     for name, value in outs:
         if isinstance(value, torch.Tensor):
