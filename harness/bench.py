@@ -67,6 +67,24 @@ def ret_inputs(length: int) -> tuple:
     return x["q"], x["k"], x["v"]
 
 
+def gated_inputs(length: int, family: str) -> tuple:
+    """q, k, v, g of a float64 ``simple_gla`` or ``gla`` case at the retention shapes (log-decays of the
+    family's default regime)."""
+    from harness.problems import Problem
+
+    p = Problem(family=family, length=length, dtype="float64", seed=0, **RET_SHAPE)
+    x = p.make_inputs()
+    return x["q"], x["k"], x["v"], x["g"]
+
+
+def _first(fn: Callable) -> Callable:
+    """``fn`` returning only its output (the gated forms return ``(o, final_state)``)."""
+    def output(*args):
+        out = fn(*args)
+        return out[0] if isinstance(out, tuple) else out
+    return output
+
+
 def _fla_naive() -> Callable:
     """fla's naive_retention takes (batch, heads, L, d) and computes in float32 internally.
 
@@ -129,6 +147,9 @@ def load_fn(name: str) -> Callable:
     if name == "intree.retention_recurrent":
         from harness.kernels.retnet_forms import retention_recurrent
         return retention_recurrent
+    if name in ("oracle.simple_gla", "oracle.gla"):
+        from reference_impls import gated_decay
+        return _first(getattr(gated_decay, name.removeprefix("oracle.")))
     if name == "oracle.retention_normed":
         from reference_impls.retention import retention_normed
         return lambda q, k, v: retention_normed(q, k, v, eps=NORM_EPS)
@@ -146,16 +167,25 @@ def load_fn(name: str) -> Callable:
     reason = spec.unavailable_reason()
     if reason:
         raise RuntimeError(reason)
-    return spec.callable()
+    return _first(spec.callable()) if name in GLA_FNS + SIMPLE_GLA_FNS else spec.callable()
 
 
 def inputs_for(name: str, length: int) -> tuple:
+    if name in SIMPLE_GLA_FNS:
+        return gated_inputs(length, "simple_gla")
+    if name in GLA_FNS:
+        return gated_inputs(length, "gla")
     return sel_inputs(length) if name in SEL_FNS else ret_inputs(length)  # retention, with or without norm
 
 
 SEL_FNS = ("oracle.selective_scan", "mambapy.selective_scan_seq", "mamba_ssm.selective_scan_ref")
 RET_FNS = ("oracle.retention", "fla.naive_retention", "intree.retention_recurrent")
 NORMED_FNS = ("oracle.retention_normed", "torchscale.recurrent")
+#: The gated families' peers: fla's pure-PyTorch recurrent forms (float32 inside) and the in-tree
+#: recurrent forms (one torch step per t, in the input dtype). mamba-ssm's pure-torch SSD forms need
+#: mamba-ssm, which does not install here without `make install-mamba-ssm`: SSD has no peer row.
+SIMPLE_GLA_FNS = ("oracle.simple_gla", "fla.simple_gla.naive_recurrent", "intree.simple_gla_recurrent")
+GLA_FNS = ("oracle.gla", "fla.gla.naive_recurrent", "intree.gla_recurrent")
 #: The group norm's eps in the normed comparison (torchscale's default).
 NORM_EPS = 1e-6
 NOTES = {
@@ -167,6 +197,10 @@ NOTES = {
     "mambapy.selective_scan_seq": "float64 in; materialises exp(delta*A) and B*x as (B, L, ED, N)",
     "fla.naive_retention": "computes in float32 internally (q.float()); forms (heads, L, L) decay mask",
     "intree.retention_recurrent": "one Python step per t, float64",
+    "fla.simple_gla.naive_recurrent": "one torch step per t; computes in float32 (x.float())",
+    "fla.gla.naive_recurrent": "one torch step per t; computes in float32 (x.float())",
+    "intree.simple_gla_recurrent": "one torch step per t, float64",
+    "intree.gla_recurrent": "one torch step per t, float64",
 }
 #: The issue's target: the oracle at least this many times faster than the fastest peer at L >= 8192.
 TARGET_RATIO = 5.0
@@ -697,6 +731,8 @@ def run(out: Path, lengths: list[int], case_lengths: list[int], reps: int, mem: 
         "selective_scan": compare_group("selective_scan", SEL_FNS, lengths, reps, mem),
         "retention": compare_group("retention", RET_FNS, lengths, reps, mem),
         "retention_normed": compare_group("retention_normed", NORMED_FNS, lengths, reps, mem),
+        "simple_gla": compare_group("simple_gla", SIMPLE_GLA_FNS, lengths, reps, mem),
+        "gla": compare_group("gla", GLA_FNS, lengths, reps, mem),
     }
     groups = {"summary": oracle_vs_peers(groups), **groups}
     groups["technique"] = technique_comparison(technique_length, reps)
@@ -716,6 +752,8 @@ def run(out: Path, lengths: list[int], case_lengths: list[int], reps: int, mem: 
         "retention": f"Retention, float64 in, batch {RET_SHAPE['batch']}, heads {RET_SHAPE['heads']}, "
                      f"d {RET_SHAPE['dk']} (time: best of {reps})",
         "retention_normed": f"Retention with the group norm (eps {NORM_EPS:g}), the same shapes (time: best of {reps})",
+        "simple_gla": f"Simple GLA (one log-decay per head), float64 in, the retention shapes (time: best of {reps})",
+        "gla": f"GLA (one log-decay per key channel), float64 in, the same shapes (time: best of {reps})",
         "technique": "Oracle loop implementations side by side (same shapes, float64; docs/performance.md)",
         "jit": "numba first use in a fresh process (import, then every kernel in float32 and float64)",
         "cases": f"Where a case's time goes (run_case, float32, the shapes above; harness = measure + records, "

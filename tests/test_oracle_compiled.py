@@ -450,8 +450,8 @@ def test_gated_trace_bit_identical(values, shape, block, monkeypatch, calls):
 
 @needs_numba
 def test_traces_take_the_fused_kernels(monkeypatch, calls):
-    """Each trace runs its fused kernel once per block and none of the torch loop's compiled pieces; with
-    `_compiled.FUSED` off it runs the torch loop instead."""
+    """Each trace runs its fused kernel once per block (the gated one once for all blocks) and none of the
+    torch loop's compiled pieces; with `_compiled.FUSED` off it runs the torch loop instead."""
     monkeypatch.setattr(_loop, "BLOCK_ELEMENTS", 4096)
     a, b, h = _linear(0, 2, 3, 50, torch.float64, h0=True)
     args, kw = _selective(0, 2, 4, 16, 300, torch.float64, groups_b=2)  # 32 steps per block: 10 blocks
@@ -467,7 +467,7 @@ def test_traces_take_the_fused_kernels(monkeypatch, calls):
 
     run()
     assert calls == dict.fromkeys(WRAPPERS, 0) | dict(linear_recurrence_trace=1, selective_scan_trace_block=10,
-                                                      retention_trace_block=2 * 10, gated_trace_block=10)
+                                                      retention_trace_block=2 * 10, gated_trace_block=1)
     calls.update(dict.fromkeys(WRAPPERS, 0))
     _torch_loop(run)
     assert all(calls[name] == 0 for name in TRACE_WRAPPERS) and calls["recur"] > 0 and calls["recur_peak"] > 0
