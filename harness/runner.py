@@ -124,6 +124,8 @@ class RunOptions:
     tf32_counterfactual: bool = True
     # judge an undeclared kernel's divergent gated/selective case against a chunked form's bound (`_chunked_bound`)
     chunk_counterfactual: bool = True
+    # judge a divergent output against the oracle's times the best constant, to name a scale (`_constant_factor`)
+    factor_counterfactual: bool = True
     isolation: str = field(default_factory=isolation.default_isolation)
     oracle_cache: Any = None  # a harness.oracle_cache.OracleCache shared by the run's cases, or None
 
@@ -254,6 +256,13 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
         if found is not None:  # the cause where nothing else named it; beside precision_loss, the advice
             cause = "chunk_rounding" if cause == "kernel_bug" else cause
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
+    if cause == "kernel_bug" and not record.get("future_leak") and options.factor_counterfactual:
+        t0 = time.perf_counter()
+        found = _constant_factor(problem, outputs, traces, baselines, precision, options, record, spec.convention)
+        timings["t_constant_factor"] = time.perf_counter() - t0
+        if found is not None:
+            cause, judgement = "constant_factor", Judgement(judgement.verdict, f"{judgement.why}; {found}",
+                                                            judgement.rule)
     timings["t_case"] = time.perf_counter() - began
     _finish(record, judgement, cause=cause, timings=timings)
     if store is not None:
@@ -440,6 +449,82 @@ _CHUNK_CLAUSE = (f"within the bound of a chunked form with chunk {CHUNK_COUNTERF
                  "carries that term")
 
 
+#: A divergent output whose best constant factor against the oracle's is within this of 1 is not called
+#: a scale (`_constant_factor`): the factor must be the finding, not the least-squares noise of a bug.
+FACTOR_MIN_OFFSET = 1e-3
+
+
+def _constant_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
+                     baselines: dict[str, Any] | None, precision: str, options: RunOptions,
+                     record: dict[str, Any], convention: RetentionConvention = RETNET) -> str | None:
+    """Whether a divergent output is the oracle's times a constant c: the why's clause if so, else None.
+
+    A kernel on another scale convention (the ``K**-0.5`` of attention-like forms left out, applied twice,
+    taken from the wrong head dimension) or with its sign flipped is off at every element by one factor:
+    an algebraic difference, not rounding, but one the author fixes by reading the family's convention,
+    not by hunting a bug. c is the least-squares factor over the elements where both are finite (the usual
+    one it is within 1e-3 of, exactly: `_known_factor`); the output is judged once more against the oracle's trace times c (the output, its magnitude and growth
+    scaled, so the bound scales with it; the same-dtype loop's output times c) and the other targets as
+    they are: equivalent there, the cause is ``constant_factor`` with c in the why (and the record's
+    ``constant_factor``, ``constant_factor_cond_max``). The verdict stays divergent."""
+    from dataclasses import replace
+
+    out, trace = outputs.get("output"), traces["output"]
+    if out is None:
+        return None
+    x, o = out.detach().to("cpu", torch.float64), trace.out
+    both = torch.isfinite(x) & torch.isfinite(o)
+    oo = float((o[both] * o[both]).sum())
+    if not (math.isfinite(oo) and oo > 0):
+        return None
+    c = float((x[both] * o[both]).sum()) / oo
+    if not math.isfinite(c) or c == 0 or abs(c - 1) <= FACTOR_MIN_OFFSET:
+        return None
+    c, meaning = _known_factor(problem, c, convention)
+    scaled = dict(traces, output=replace(trace, out=trace.out * c, magnitude=trace.magnitude * abs(c),
+                                         growth=trace.growth * abs(c)))
+    base = baselines
+    if baselines is not None and baselines.get("output") is not None:
+        b = baselines["output"]
+        base = dict(baselines, output=(b.to(torch.float64) * c).to(b.dtype))
+    div, judgement = _judge_outputs(problem, outputs, scaled, base, precision, options)
+    record["constant_factor"] = c
+    record["constant_factor_cond_max"] = div.cond_max
+    if judgement.verdict is not Verdict.EQUIVALENT:
+        return None
+    return (f"constant factor: the output is {c:.6g} times the oracle's, and equivalent at that factor (cond_max "
+            f"{div.cond_max:.3g}): {meaning}")
+
+
+#: The families whose convention carries a scale ``dk**-0.5`` on the query (`_known_factor`).
+_SCALED_FAMILIES = (Family.RETENTION, Family.RETENTION_NORMED, Family.SIMPLE_GLA, Family.GLA)
+
+
+def _known_factor(problem: Problem, c: float, convention: RetentionConvention = RETNET) -> tuple[float, str]:
+    """(the exact factor, what it means) for a least-squares factor ``c`` within 1e-3 of a usual one (the
+    sign; a scale taken from the wrong head dimension; a one-head retention's decay, applied once too
+    often), else (c, a general phrase)."""
+    near = lambda a, b: abs(a - b) <= 1e-3 * abs(b)  # noqa: E731
+    sign = -1.0 if c < 0 else 1.0
+    known = [(1.0, "the sign is flipped")]
+    if problem.family in _SCALED_FAMILIES:
+        dk, dv = problem.dk, problem.dv
+        known += [(dk ** 0.5, "dk**0.5: the scale dk**-0.5 left out"),
+                  (dk ** -0.5, "dk**-0.5: the scale dk**-0.5 applied twice")]
+        if dk != dv:
+            known.append(((dk / dv) ** 0.5, "(dk / dv)**0.5: the scale dv**-0.5 where the family's is dk**-0.5"))
+    if problem.family in (Family.RETENTION, Family.RETENTION_NORMED) and problem.heads == 1:
+        known.append((float(convention.gammas(1)[0]), "gamma: the state decayed once more than the definition "
+                                                      "(gamma (S + k^T v) for gamma S + k^T v)"))
+    for value, meaning in known:
+        if near(abs(c), value) and (value != 1.0 or sign < 0):
+            if value == 1.0:
+                return -1.0, meaning
+            flipped = ", and the sign flipped" if sign < 0 else ""
+            return sign * value, f"{value:.6g} = {meaning}{flipped}"
+    return c, "another scale or sign convention than the family's (the README's kernel contract)"
+
+
 #: Verdicts from the worst down: the record of a case with several targets takes the worst.
 SEVERITY = (Verdict.KERNEL_ERROR, Verdict.DIVERGENT, Verdict.OUT_OF_DOMAIN, Verdict.EQUIVALENT)
 
@@ -492,7 +577,7 @@ def rerun_options(options: RunOptions) -> RunOptions:
     timeout and isolation, with no probe or counterfactual of its own."""
     return RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
                       precision_counterfactual=False, future_leak_probe=False, tf32_counterfactual=False,
-                      chunk_counterfactual=False, isolation=options.isolation)
+                      chunk_counterfactual=False, factor_counterfactual=False, isolation=options.isolation)
 
 
 def inputs_in(dtype: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

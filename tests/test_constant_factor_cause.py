@@ -1,0 +1,123 @@
+"""A kernel off by one constant factor is told so (`harness.runner._constant_factor`).
+
+A retention or GLA kernel on another scale convention (the query's ``dk**-0.5`` left out, applied twice,
+taken from the value's head dimension) or a scan with its sign flipped is wrong at every element by the
+same factor. Before, such a kernel was a plain ``kernel_bug``; the divergent output is now judged once
+more against the oracle's times the least-squares factor, and where it is equivalent there the cause is
+``constant_factor`` with the factor and what it usually means. A real mistake stays a ``kernel_bug``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.api import user_kernel_spec
+from harness.kernels import registry
+from harness.problems import Problem
+from harness.runner import RunOptions, run_case
+from tests.planted.bugs import retention_scale_by_dv
+
+_PARALLEL = registry.get("intree.retention_parallel").callable()
+_SCAN = registry.get("intree.sequential_scan").callable()
+_GLA = registry.get("intree.sequential_simple_gla").callable()
+
+
+def retention_unscaled(q, k, v):
+    """The query's dk**-0.5 left out."""
+    return _PARALLEL(q, k, v, scale=1.0)
+
+
+def scan_negated(a, b):
+    return -_SCAN(a, b)
+
+
+def gla_scaled_twice(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    """The scale applied to the query and again to the output."""
+    dk = q.shape[-1]
+    o, state = _GLA(q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+    return o * (dk ** -0.5 if scale is None else scale), state
+
+
+def scan_scaled_late(a, b):
+    """Wrong by a factor in the second half only: no constant factor."""
+    h = _SCAN(a, b).clone()
+    h[..., h.shape[-1] // 2:] *= 2
+    return h
+
+
+def _retention(dtype: str, dk: int = 16, dv: int = 16) -> Problem:
+    return Problem(family="retention", length=24, dtype=dtype, batch=1, heads=2, dk=dk, dv=dv, seed=3)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_a_scale_left_out_is_a_constant_factor(dtype):
+    record = run_case(user_kernel_spec(retention_unscaled, family="retention"), _retention(dtype))
+    assert record["verdict"] == "divergent" and record["cause"] == "constant_factor", record["why"]
+    assert record["constant_factor"] == 4.0
+    assert record["constant_factor_cond_max"] <= 1
+    assert "the output is 4 times the oracle's" in record["why"]
+    assert "4 = dk**0.5: the scale dk**-0.5 left out" in record["why"], record["why"]
+
+
+def test_the_planted_scale_from_the_value_dimension_is_named():
+    record = run_case(user_kernel_spec(retention_scale_by_dv, family="retention"), _retention("float32", 16, 4))
+    assert record["cause"] == "constant_factor" and record["constant_factor"] == 2.0
+    assert "(dk / dv)**0.5" in record["why"], record["why"]
+
+
+def test_a_scale_applied_twice_and_a_flipped_sign():
+    gla = Problem(family="simple_gla", length=30, dtype="float32", batch=1, heads=2, dk=16, dv=8, seed=1)
+    record = run_case(user_kernel_spec(gla_scaled_twice, family="simple_gla"), gla)
+    assert record["cause"] == "constant_factor" and "applied twice" in record["why"], record["why"]
+    scan = Problem(family="linear_scan", length=40, dtype="float32", batch=2, dim=3, seed=2)
+    record = run_case(user_kernel_spec(scan_negated, family="linear_scan"), scan)
+    assert record["cause"] == "constant_factor" and record["constant_factor"] == -1.0
+    assert "the sign is flipped" in record["why"]
+
+
+def test_a_mistake_that_is_no_constant_factor_stays_a_kernel_bug():
+    scan = Problem(family="linear_scan", length=40, dtype="float64", batch=2, dim=3, seed=2)
+    record = run_case(user_kernel_spec(scan_scaled_late, family="linear_scan"), scan)
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert record["constant_factor_cond_max"] > 1  # the best factor was tried and did not explain it
+
+
+def test_the_factor_check_can_be_switched_off_and_skips_equivalent_cases():
+    spec = user_kernel_spec(retention_unscaled, family="retention")
+    off = run_case(spec, _retention("float32"), RunOptions(factor_counterfactual=False))
+    assert off["cause"] == "kernel_bug" and "constant_factor" not in off and "t_constant_factor" not in off
+    right = run_case(registry.get("intree.retention_parallel"), _retention("float32"))
+    assert right["verdict"] == "equivalent" and "constant_factor" not in right
+
+
+def test_a_final_state_that_is_wrong_too_keeps_the_kernel_bug():
+    """Only the output is rescaled: a kernel whose state is off as well is not explained by a factor."""
+    gla = Problem(family="simple_gla", length=30, dtype="float32", batch=1, heads=2, dk=16, dv=8, seed=1,
+                  final_state=True)
+    spec = user_kernel_spec(gla_state_doubled, family="simple_gla")
+    record = run_case(spec, gla)
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+
+
+def gla_state_doubled(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    o, state = _GLA(q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+    return 2 * o, (None if state is None else 2 * state)
+
+
+def test_the_cause_has_a_phrase_in_the_findings():
+    from harness.findings import CAUSE_PHRASES
+
+    assert "constant_factor" in CAUSE_PHRASES
+
+
+def test_a_one_head_state_decayed_once_too_often_is_named_by_its_gamma():
+    """The planted ``gamma (S + k^T v)``: every state, so every output, is gamma times the definition's."""
+    from tests.planted.bugs import retention_recurrent_decay_after_add
+
+    problem = Problem(family="retention", length=24, dtype="float32", batch=1, heads=1, dk=8, dv=8, seed=4)
+    record = run_case(user_kernel_spec(retention_recurrent_decay_after_add, family="retention"), problem)
+    assert record["cause"] == "constant_factor" and record["constant_factor"] == 1 - 2 ** -5, record["why"]
+    assert "0.96875 = gamma: the state decayed once more" in record["why"], record["why"]
+    two_heads = problem.replace(heads=2)  # a factor per head: no one constant
+    assert run_case(user_kernel_spec(retention_recurrent_decay_after_add, family="retention"),
+                    two_heads)["cause"] == "kernel_bug"
