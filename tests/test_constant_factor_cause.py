@@ -121,3 +121,22 @@ def test_a_one_head_state_decayed_once_too_often_is_named_by_its_gamma():
     two_heads = problem.replace(heads=2)  # a factor per head: no one constant
     assert run_case(user_kernel_spec(retention_recurrent_decay_after_add, family="retention"),
                     two_heads)["cause"] == "kernel_bug"
+
+
+def gla_unscaled(q, k, v, g, initial_state=None, output_final_state=False):
+    """GLA with the K**-0.5 left out (the in-tree loop at scale 1)."""
+    return _GLA_KEYED(q, k, v, g, scale=1.0, initial_state=initial_state, output_final_state=output_final_state)
+
+
+_GLA_KEYED = registry.get("intree.sequential_gla").callable()
+
+
+def test_a_factor_that_explains_every_judgeable_element_names_a_partly_out_of_domain_case():
+    """bfloat16, long memory: the late elements have no guaranteed digit (out of the precision domain); the
+    earlier ones agree at the factor, which names the case (found by `harness check` on such a kernel: 5
+    bfloat16 cases stayed kernel_bug while every float32 one was named)."""
+    problem = Problem(family="gla", length=220, dtype="bfloat16", regime="long_memory", seed=123, batch=2,
+                      heads=3, dk=33, dv=6, final_state=True)
+    record = run_case(user_kernel_spec(gla_unscaled, family="gla"), problem)
+    assert record["verdict"] == "divergent" and record["n_out_of_domain"] > 0
+    assert record["cause"] == "constant_factor" and record["constant_factor"] == 33 ** 0.5, record["why"]
