@@ -38,9 +38,9 @@ from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import (RunOptions, call_args, inputs_in, output_shape, reference_trace, rerun_options,
-                            run_case)
-from harness.verdict import judge
+from harness.runner import (RunOptions, call_args, factor_clause, factors_to_try, inputs_in, output_shape,
+                            reference_trace, rerun_options, run_case)
+from harness.verdict import Verdict, judge
 from reference_impls.trace import Trace
 
 #: Inputs that are differentiated, per family (each family's ``grad_inputs``).
@@ -241,7 +241,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         low = {k: v.to(DTYPE_NAMES[storage]) for k, v in x64.items()}
         base = _vjp(lambda x: _oracle_output(problem, x, spec.convention), low, names,
                     g.to(DTYPE_NAMES[storage]))
-    records = []
+    records, natural_of = [], {}
     for name in names:
         ref = want[name]
         actual = got[name]
@@ -253,6 +253,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         natural = natural_scale(float(g.abs().max()), y_scale, x64[name])
         if terms is not None and terms.get(name) is not None:
             natural = torch.maximum(natural, terms[name])
+        natural_of[name] = natural
         div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural), dtype=precision,
                       tf32=problem.tf32,
                       baseline=None if base is None or base[name] is None else base[name].detach(),
@@ -268,7 +269,37 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     if options.precision_counterfactual and precision != "float64" and any(
             r["verdict"] == "divergent" for r in records):
         _second_dtype(spec, problem, options, inputs, records)
+    if options.factor_counterfactual:
+        for record in records:
+            if record["verdict"] == "divergent" and record["cause"] == "kernel_bug":
+                name = record["grad_of"]
+                low = None if base is None or base[name] is None else base[name].detach()
+                _constant_factor(problem, record, got[name], want[name], low, g.numel(), natural_of[name], precision,
+                                 options, spec.convention)
     return records
+
+
+def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor,
+                     baseline: torch.Tensor | None, n_terms: int, natural: torch.Tensor, precision: str,
+                     options: RunOptions, convention: RetentionConvention) -> None:
+    """Name a divergent gradient that is the exact one times a constant (a backward on another scale, a
+    flipped sign) as `runner._constant_factor` names an output: judged again against the exact gradient
+    times each factor `runner.factors_to_try` gives (the trace's scale and the same-dtype gradient with it);
+    explained at one, the cause is ``constant_factor``. The verdict is unchanged."""
+    from harness.metrics import measure
+
+    if actual is None:
+        return
+    for factor, meaning in factors_to_try(problem, actual, ref, convention):
+        low = None if baseline is None else (baseline.to(torch.float64) * factor).to(baseline.dtype)
+        div = measure(actual.detach(), _gradient_trace(ref.detach() * factor, n_terms, natural * abs(factor)),
+                      dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,
+                      cond_threshold=options.policy.cond_threshold)
+        record["constant_factor"], record["constant_factor_cond_max"] = factor, div.cond_max
+        if judge(div, options.policy).verdict is Verdict.EQUIVALENT:
+            record["cause"] = "constant_factor"
+            record["why"] = f"{record['why']}; {factor_clause('gradient', factor, div.cond_max, meaning)}"
+            return
 
 
 def _second_dtype(spec: KernelSpec, problem: Problem, options: RunOptions, inputs: dict[str, torch.Tensor],

@@ -471,28 +471,41 @@ def _constant_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str
     element it can judge agreeing there, the rest out of the precision domain), the cause is
     ``constant_factor`` with the factor and its meaning in the why, and the record's ``constant_factor``,
     ``constant_factor_cond_max``. The verdict stays divergent."""
-    out, trace = outputs.get("output"), traces["output"]
+    out = outputs.get("output")
     if out is None:
         return None
-    x, o = out.detach().to("cpu", torch.float64), trace.out
-    both = torch.isfinite(x) & torch.isfinite(o)
-    oo = float((o[both] * o[both]).sum())
-    if not (math.isfinite(oo) and oo > 0):
-        return None
-    c = float((x[both] * o[both]).sum()) / oo
-    if not math.isfinite(c) or c == 0 or abs(c - 1) <= FACTOR_MIN_OFFSET:
-        return None
-    near = sorted((abs(f - c), f, meaning) for f, meaning in _known_factors(problem, convention)
-                  if abs(f - c) <= FACTOR_NEAR * abs(f))
-    tries = [(f, meaning) for _, f, meaning in near]
-    tries.append((c, "another scale or sign convention than the family's (the README's kernel contract)"))
-    for factor, meaning in tries:
+    for factor, meaning in factors_to_try(problem, out, traces["output"].out, convention):
         cond_max, explained = _judge_at_factor(problem, outputs, traces, baselines, precision, options, factor)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, cond_max
         if explained:
-            return (f"constant factor: the output is {factor:.6g} times the oracle's, and equivalent at that factor "
-                    f"(cond_max {cond_max:.3g}): {meaning}")
+            return factor_clause("output", factor, cond_max, meaning)
     return None
+
+
+def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor,
+                   convention: RetentionConvention = RETNET) -> list[tuple[float, str]]:
+    """The constant factors (with what each means) that ``actual`` may be ``exact`` times, in the order to
+    try them: the usual ones within `FACTOR_NEAR` of the least-squares factor c, nearest first, then c
+    itself; none when c is not finite, 0, or within `FACTOR_MIN_OFFSET` of 1 (`_constant_factor`; the
+    gradients' check, `harness.gradients`, asks the same)."""
+    x, o = actual.detach().to("cpu", torch.float64), exact.detach().to("cpu", torch.float64)
+    both = torch.isfinite(x) & torch.isfinite(o)
+    oo = float((o[both] * o[both]).sum())
+    if not (math.isfinite(oo) and oo > 0):
+        return []
+    c = float((x[both] * o[both]).sum()) / oo
+    if not math.isfinite(c) or c == 0 or abs(c - 1) <= FACTOR_MIN_OFFSET:
+        return []
+    near = sorted((abs(f - c), f, meaning) for f, meaning in _known_factors(problem, convention)
+                  if abs(f - c) <= FACTOR_NEAR * abs(f))
+    return [(f, meaning) for _, f, meaning in near] + [
+        (c, "another scale or sign convention than the family's (the README's kernel contract)")]
+
+
+def factor_clause(what: str, factor: float, cond_max: float, meaning: str) -> str:
+    """The why's clause of a ``constant_factor`` cause."""
+    return (f"constant factor: the {what} is {factor:.6g} times the oracle's, and equivalent at that factor "
+            f"(cond_max {cond_max:.3g}): {meaning}")
 
 
 #: How far (relative) a least-squares factor may lie from a usual one for that one to be tried.

@@ -89,6 +89,40 @@ def test_a_wrong_backward_is_found_while_the_forward_is_right(dtype):
     assert by_input["b"]["cause"] == "kernel_bug"
 
 
+class _NegatedBackward(_LeakyBackward):
+    """The right adjoint (autograd through the same scan), returned with its sign flipped."""
+
+    @staticmethod
+    def backward(ctx, g):
+        a, _ = ctx.saved_tensors
+        b = ctx.b
+        with torch.enable_grad():
+            a_, b_ = a.detach().requires_grad_(), b.detach().requires_grad_()
+            da, db = torch.autograd.grad(blelloch_linear_scan(a_, b_), (a_, b_), g)
+        return -da, -db
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.b = b
+        return _LeakyBackward.forward(ctx, a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_backward_with_its_sign_flipped_is_a_constant_factor(dtype):
+    """Named as an output off by one factor is (`runner._constant_factor`): the gradient is -1 times the
+    exact one; the leaky backward above, no constant factor, stays kernel_bug."""
+    spec = _planted(_NegatedBackward.apply, "planted.negated_backward")
+    records = {r["grad_of"]: r for r in gradient_case(spec, Problem("linear_scan", 16, dtype=dtype, batch=2, dim=3,
+                                                                    seed=4))}
+    for name in ("a", "b"):
+        assert records[name]["verdict"] == "divergent", records[name]["why"]
+        assert records[name]["cause"] == "constant_factor" and records[name]["constant_factor"] == -1.0
+        assert "the gradient is -1 times the oracle's" in records[name]["why"], records[name]["why"]
+    off = gradient_case(spec, Problem("linear_scan", 16, dtype=dtype, batch=2, dim=3, seed=4),
+                        RunOptions(factor_counterfactual=False))
+    assert {r["cause"] for r in off} == {"kernel_bug"}
+
+
 class _CumprodBackward(_LeakyBackward):
     """The same forward and, in exact arithmetic, a right backward: the adjoint lam_t = sum_{s>=t} g_s P_s / P_t
     with P_t = a_1 ... a_t. In float32 P underflows to 0 within a few hundred steps of decays below 1 (0/0 = NaN)
