@@ -42,6 +42,7 @@ CAUSE_PHRASES: dict[str, str] = {
     "tf32": "its float32 dots run in TF32 (Triton's default); IEEE dots are equivalent",
     "chunk_rounding": "within a chunked form's bound: declare the chunk size",
     "constant_factor": "the oracle's output times one constant: another scale or sign convention",
+    "layout": "the oracle's output on the inputs read with two axes swapped: another layout",
     "input_overflow": "the inputs overflow the dtype",
     "raised": "the kernel raised",
     "timeout": "the kernel did not return in time",

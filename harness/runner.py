@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from harness import dtypes, families
+from harness.errors import InvalidArgument
 from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
 from harness.kernels import isolation
 from harness.kernels.guard import call_guarded
@@ -126,6 +127,8 @@ class RunOptions:
     chunk_counterfactual: bool = True
     # judge a divergent output against the oracle's times the best constant, to name a scale (`_constant_factor`)
     factor_counterfactual: bool = True
+    # judge a divergent output against the oracle's on the inputs with two axes swapped (`_swapped_layout`)
+    layout_counterfactual: bool = True
     isolation: str = field(default_factory=isolation.default_isolation)
     oracle_cache: Any = None  # a harness.oracle_cache.OracleCache shared by the run's cases, or None
 
@@ -256,6 +259,12 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
         if found is not None:  # the cause where nothing else named it; beside precision_loss, the advice
             cause = "chunk_rounding" if cause == "kernel_bug" else cause
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
+    if cause == "kernel_bug" and not record.get("future_leak") and options.layout_counterfactual:
+        t0 = time.perf_counter()
+        found = _swapped_layout(problem, inputs, outputs, precision, options, record, spec.convention)
+        timings["t_layout"] = time.perf_counter() - t0
+        if found is not None:
+            cause, judgement = "layout", Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
     if cause == "kernel_bug" and not record.get("future_leak") and options.factor_counterfactual:
         t0 = time.perf_counter()
         found = _constant_factor(problem, outputs, traces, baselines, precision, options, record, spec.convention)
@@ -496,10 +505,13 @@ def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor,
     c = float((x[both] * o[both]).sum()) / oo
     if not math.isfinite(c) or c == 0 or abs(c - 1) <= FACTOR_MIN_OFFSET:
         return []
-    near = sorted((abs(f - c), f, meaning) for f, meaning in _known_factors(problem, convention)
-                  if abs(f - c) <= FACTOR_NEAR * abs(f))
-    return [(f, meaning) for _, f, meaning in near] + [
-        (c, "another scale or sign convention than the family's (the README's kernel contract)")]
+    known = _known_factors(problem, convention)
+    near = sorted((abs(f - c), i) for i, (f, _) in enumerate(known)
+                  if abs(f - c) <= FACTOR_NEAR * abs(f))  # ties: the more specific meaning, listed first
+    tries = [known[i] for _, i in near]
+    if int(both.sum()) >= FACTOR_MIN_ELEMENTS:  # a few elements are always some factor of the oracle's
+        tries.append((c, "another scale or sign convention than the family's (the README's kernel contract)"))
+    return tries
 
 
 def factor_clause(what: str, factor: float, cond_max: float, meaning: str) -> str:
@@ -507,6 +519,59 @@ def factor_clause(what: str, factor: float, cond_max: float, meaning: str) -> st
     return (f"constant factor: the {what} is {factor:.6g} times the oracle's, and equivalent at that factor "
             f"(cond_max {cond_max:.3g}): {meaning}")
 
+
+def _swapped_layout(problem: Problem, inputs: dict[str, torch.Tensor], outputs: dict[str, Any], precision: str,
+                    options: RunOptions, record: dict[str, Any],
+                    convention: RetentionConvention = RETNET) -> str | None:
+    """Whether a divergent output is the oracle's on the inputs read with axes 1 and 2 swapped: the why's
+    clause if so, else None.
+
+    A kernel written for another layout (fla's old ``head_first`` (batch, heads, T, d) given the family's
+    (batch, T, heads, d); a channels-last scan) runs without complaint when the shapes allow it and
+    computes the recurrence along the wrong axis. The family's `FamilyDef.swapped_layout` names the axis
+    next to the sequence's; the oracle runs once more on the problem with the two sizes exchanged and the
+    inputs transposed, its trace is transposed back, and the output is judged against it (no baseline:
+    the bound alone). Equivalent there (or every judgeable element agreeing), the cause is ``layout``
+    and the record has ``layout_cond_max``. Not tried with an initial or final state or packed sequences
+    (their shapes do not swap). The verdict stays divergent."""
+    from dataclasses import replace
+
+    definition = problem.definition
+    if definition.swapped_layout is None or outputs.get("output") is None:
+        return None
+    if getattr(problem, "has_initial_state", False) or getattr(problem, "final_state", False) or \
+            getattr(problem, "cu_seqlens", None) is not None:
+        return None
+    field_name, layout = definition.swapped_layout
+    try:
+        swapped = problem.replace(length=getattr(problem, field_name), **{field_name: problem.length})
+    except (InvalidArgument, ValueError):
+        return None
+    x = {k: v.transpose(1, 2) for k, v in inputs.items()}
+    trace = reference_traces(swapped, x, convention)["output"]
+    back = replace(trace, **{f: getattr(trace, f).transpose(1, 2) for f in
+                             ("out", "magnitude", "growth", "state_peak", "decay_peak")})
+    div, judgement = _judge_outputs(problem, {"output": outputs["output"]}, {"output": back}, None, precision,
+                                    options)
+    record["layout_cond_max"] = div.cond_max
+    if not _explained(judgement):
+        return None
+    return (f"layout: the output is the oracle's on the inputs read as {layout} (axes 1 and 2, the sequence and "
+            f"{field_name}, swapped; cond_max {div.cond_max:.3g}): the kernel takes another layout than the "
+            f"family's; transpose(1, 2) its inputs and its output in a wrapper")
+
+
+def _explained(judgement: Judgement) -> bool:
+    """A counterfactual judgement that explains a divergent case: equivalent, or every element it can judge
+    agreeing (the rest out of the precision domain)."""
+    return judgement.verdict is Verdict.EQUIVALENT or (
+        judgement.verdict is Verdict.OUT_OF_DOMAIN and judgement.rule == "partial_domain")
+
+
+#: The least-squares factor itself (not a usual one) is tried only on outputs of at least this many finite
+#: elements: one element is always some factor of the oracle's, and a shrunk case of a wrong kernel has few
+#: (a kernel that ignored its initial state was named a factor on a 2-element case).
+FACTOR_MIN_ELEMENTS = 16
 
 #: How far (relative) a least-squares factor may lie from a usual one for that one to be tried.
 FACTOR_NEAR = 0.05
@@ -527,9 +592,7 @@ def _judge_at_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str
         b = baselines["output"]
         base = dict(baselines, output=(b.to(torch.float64) * factor).to(b.dtype))
     div, judgement = _judge_outputs(problem, outputs, scaled, base, precision, options)
-    explained = judgement.verdict is Verdict.EQUIVALENT or (
-        judgement.verdict is Verdict.OUT_OF_DOMAIN and judgement.rule == "partial_domain")
-    return div.cond_max, explained
+    return div.cond_max, _explained(judgement)
 
 
 #: The families whose convention carries a scale ``dk**-0.5`` on the query (`_known_factors`).
@@ -538,11 +601,15 @@ _SCALED_FAMILIES = (Family.RETENTION, Family.RETENTION_NORMED, Family.SIMPLE_GLA
 
 def _known_factors(problem: Problem, convention: RetentionConvention = RETNET) -> list[tuple[float, str]]:
     """The usual constant factors of a wrong output, signed, with what each means: a flipped sign; a scale
-    from the wrong head dimension (left out, applied twice, ``dv**-0.5``); a one-head retention's gamma (the
-    state decayed once too often)."""
+    from the wrong head dimension (left out, applied twice, ``dv**-0.5``) or a ``scale=`` passed and ignored;
+    a one-head retention's gamma (the state decayed once too often)."""
     known = [(1.0, "")]
     if problem.family in _SCALED_FAMILIES:
         dk, dv = problem.dk, problem.dv
+        given = getattr(problem, "scale", None)
+        if given:  # a case that passed scale= to a kernel that takes it (first: the more specific meaning)
+            known += [(dk ** -0.5 / given, f"dk**-0.5 / scale: the scale={given:g} passed was ignored (dk**-0.5 used)"),
+                      (1 / given, f"1 / scale: the scale={given:g} passed was ignored (no scale used)")]
         known += [(dk ** 0.5, "dk**0.5: the scale dk**-0.5 left out"),
                   (dk ** -0.5, "dk**-0.5: the scale dk**-0.5 applied twice")]
         if dk != dv:
@@ -608,7 +675,8 @@ def rerun_options(options: RunOptions) -> RunOptions:
     timeout and isolation, with no probe or counterfactual of its own."""
     return RunOptions(options.policy, options.timeout_s, check_determinism=False, eps_counterfactual=False,
                       precision_counterfactual=False, future_leak_probe=False, tf32_counterfactual=False,
-                      chunk_counterfactual=False, factor_counterfactual=False, isolation=options.isolation)
+                      chunk_counterfactual=False, factor_counterfactual=False, layout_counterfactual=False,
+                      isolation=options.isolation)
 
 
 def inputs_in(dtype: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

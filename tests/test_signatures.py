@@ -134,8 +134,10 @@ def test_a_kernel_that_ignores_the_scale_it_takes_is_caught():
     assert {r.get("scale") for r in passing.records} >= {None, 1.0, 0.25}
     result = check(gla_ignoring_its_scale, family="gla", profile="ci", dtypes=("float64",), max_examples=25,
                    max_length=48, grad=False, save_counterexample=False)
-    assert not result.passed and result.failure["cause"] == "kernel_bug", result.message
+    # named: the output is dk**-0.5 / scale times the oracle's (`runner._constant_factor`)
+    assert not result.passed and result.failure["cause"] == "constant_factor", result.message
     assert result.failure["scale"] in (1.0, 0.25) and "scale=" in result.message, result.message
+    assert "passed was ignored (dk**-0.5 used)" in result.message, result.message
 
 
 def test_a_kernel_that_ignores_the_initial_state_it_takes_is_caught():

@@ -74,6 +74,10 @@ class FamilyDef:
         chunk_term: the oracle's bound carries a chunk-form term when the problem has a chunk size (decays
             formed as exp of differences of cumulative sums within a chunk: the gated families and the
             selective scan).
+        swapped_layout: (the problem field of the axis next to the sequence's, the layout a kernel that
+            reads the two swapped takes) where every input and the output have those two axes at 1 and 2
+            (`harness.runner._swapped_layout`): retention's and the gated families' heads (fla's old
+            ``head_first`` layout), the linear scan's channels.
     """
 
     family: Family
@@ -90,6 +94,7 @@ class FamilyDef:
     state_keywords: tuple[str, str] | None = None
     chunk_term: bool = False
     scale_keyword: str | None = None
+    swapped_layout: tuple[str, str] | None = None
 
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:

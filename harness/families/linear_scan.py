@@ -12,6 +12,7 @@ class LinearScan(FamilyDef):
     family = Family.LINEAR_SCAN
     arg_order = ("a", "b")
     linear_input = "b"
+    swapped_layout = ("dim", "(batch, L, channels)")
     regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable")
     grad_inputs = ("a", "b")
     length_axis = -1

@@ -15,6 +15,7 @@ class Retention(FamilyDef):
     family = Family.RETENTION
     arg_order = ("q", "k", "v")
     linear_input = "v"
+    swapped_layout = ("heads", "(batch, heads, L, d)")
     regimes = ("trained", "large", "tiny", "ramp")
     grad_inputs = ("q", "k", "v")
     length_axis = 1

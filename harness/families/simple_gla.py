@@ -111,6 +111,7 @@ class SimpleGLA(StatefulFamily):
     state_keywords = ("initial_state", "output_final_state")
     scale_keyword = "scale"
     linear_input = "v"
+    swapped_layout = ("heads", "(batch, heads, T, d): fla's old head_first=True layout")
     regimes = ("trained", "long_memory", "strong_decay", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("q", "k", "v", "g", "initial_state")
     length_axis = 1
