@@ -215,7 +215,8 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     timings["t_measure"] = time.perf_counter() - t0
 
     cause = {Verdict.EQUIVALENT: "rounding", Verdict.DIVERGENT: "kernel_bug",
-             Verdict.OUT_OF_DOMAIN: domain_kind(div)}.get(judgement.verdict, "kernel_error")
+             Verdict.OUT_OF_DOMAIN: domain_kind(div)}.get(judgement.verdict,
+                                                           record.get("final_state_outcome", "kernel_error"))
     if (judgement.verdict is Verdict.DIVERGENT and options.eps_counterfactual
             and problem.definition.takes_eps and problem.eps):
         t0 = time.perf_counter()
@@ -638,6 +639,8 @@ def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: to
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != want:
         what = "no final state" if not isinstance(got, torch.Tensor) else f"a final state of shape {tuple(got.shape)}"
         state = judge({}, options.policy, kernel_error=f"returned {what}, expected shape {want}")
+        # the contract outcome, as the output's would be (the record's cause when this makes it a kernel error)
+        record["final_state_outcome"] = "wrong_shape" if isinstance(got, torch.Tensor) else "not_a_tensor"
     else:
         div = measure(got, trace, dtype=precision, baseline=baseline, length_axis=0, tf32=problem.tf32,
                       cond_threshold=options.policy.cond_threshold, function_room=problem.function_room,

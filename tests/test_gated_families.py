@@ -101,6 +101,17 @@ def test_a_missing_final_state_is_a_kernel_error():
 
     record = run_case(_spec("gla"), _problem("gla", final_state=True), IN_PROCESS, kernel_fn=forgets)
     assert record["verdict"] == "kernel_error" and "no final state" in record["why"]
+    assert record["cause"] == "not_a_tensor"  # a contract outcome, as for the output (before: "kernel_error")
+
+
+def test_a_final_state_of_the_wrong_shape_is_a_wrong_shape():
+    def head_first_state(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+        o, state = sequential_gla(q, k, v, g, scale, initial_state, True)
+        return o, state[:, :1]
+
+    record = run_case(_spec("gla"), _problem("gla", final_state=True), IN_PROCESS, kernel_fn=head_first_state)
+    assert record["verdict"] == "kernel_error" and record["cause"] == "wrong_shape", record["why"]
+    assert "returned a final state of shape" in record["why"]
 
 
 def test_state_leaking_across_a_sequence_boundary_is_divergent():
