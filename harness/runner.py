@@ -30,7 +30,7 @@ from harness import dtypes, families
 from harness.errors import InvalidArgument
 from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
 from harness.kernels import isolation
-from harness.kernels.guard import call_guarded
+from harness.kernels.guard import call_guarded, shape_hint
 from harness.problems import Problem
 from harness.verdict import Judgement, Policy, Verdict, domain_kind, judge
 
@@ -638,7 +638,8 @@ def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: to
     want = tuple(trace.out.shape)
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != want:
         what = "no final state" if not isinstance(got, torch.Tensor) else f"a final state of shape {tuple(got.shape)}"
-        state = judge({}, options.policy, kernel_error=f"returned {what}, expected shape {want}")
+        hint = shape_hint(tuple(got.shape), want) if isinstance(got, torch.Tensor) else ""
+        state = judge({}, options.policy, kernel_error=f"returned {what}, expected shape {want}{hint}")
         # the contract outcome, as the output's would be (the record's cause when this makes it a kernel error)
         record["final_state_outcome"] = "wrong_shape" if isinstance(got, torch.Tensor) else "not_a_tensor"
     else:

@@ -18,8 +18,9 @@ import threading
 import pytest
 import torch
 
-from harness.api import check
+from harness.api import check, user_kernel_spec
 from harness.kernels.guard import Outcome, _run_with_timeout
+from harness.kernels.registry import get
 from harness.problems import Problem
 from harness.runner import RunOptions, run_case, run_cases
 from harness.store import RunStore, load_records
@@ -240,3 +241,15 @@ def test_a_kernel_that_writes_into_a_keyword_input_is_reported_by_its_name():
     assert "input 'initial_state'" in record["error"] and record["verdict"] == "kernel_error"
     record = run_case(spec, p.replace(has_initial_state=False), IN_PROCESS)  # the same kernel, no state handed
     assert record["verdict"] == "equivalent", record.get("why")
+
+
+def scan_channels_last_out(a, b):
+    """Right values, returned as (batch, L, channels): the family's shape with axes 1 and 2 swapped."""
+    return get("intree.sequential_scan").callable()(a, b).transpose(1, 2).contiguous()
+
+
+def test_a_wrong_shape_that_is_the_expected_one_transposed_says_so():
+    problem = Problem(family="linear_scan", length=7, dtype="float32", batch=2, dim=3, seed=1)
+    record = run_case(user_kernel_spec(scan_channels_last_out, family="linear_scan"), problem)
+    assert record["verdict"] == "kernel_error" and record["cause"] == "wrong_shape", record["why"]
+    assert "returned shape (2, 7, 3), expected (2, 3, 7) (the expected shape with axes 1 and 2 swapped" in record["why"]

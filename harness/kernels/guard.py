@@ -13,6 +13,7 @@ the harness's). The contract checks below are the same either way and run here, 
 from __future__ import annotations
 
 import enum
+import math
 import os
 import queue
 import threading
@@ -148,6 +149,20 @@ def execute(fn: Callable, args: tuple, kwargs: dict[str, Any], timeout_s: float 
     return status, value, ""
 
 
+def shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
+    """What a wrong output shape suggests, when it is the expected one rearranged: two axes swapped
+    (another layout, e.g. (batch, heads, T, d) for (batch, T, heads, d)), or the same elements in
+    another shape; "" otherwise."""
+    if len(got) == len(want) and sorted(got) == sorted(want):
+        swapped = [i for i in range(len(want)) if got[i] != want[i]]
+        if len(swapped) == 2:
+            i, j = swapped
+            return f" (the expected shape with axes {i} and {j} swapped: the output in another layout?)"
+    if math.prod(got) == math.prod(want):
+        return " (the same number of elements in another shape: the output reshaped or in another layout?)"
+    return ""
+
+
 def call_guarded(
     fn: Callable,
     args: tuple[torch.Tensor | None, ...],
@@ -192,7 +207,8 @@ def call_guarded(
         value, extras = value[0], tuple(value[1:])
     if tuple(value.shape) != tuple(expected_shape):
         return CallResult(Outcome.WRONG_SHAPE, None,
-                          f"returned shape {tuple(value.shape)}, expected {tuple(expected_shape)}", seconds, note)
+                          f"returned shape {tuple(value.shape)}, expected {tuple(expected_shape)}"
+                          + shape_hint(tuple(value.shape), tuple(expected_shape)), seconds, note)
     if value.dtype != expected_dtype:
         return CallResult(Outcome.WRONG_DTYPE, value,
                           f"returned dtype {value.dtype}, expected {expected_dtype}", seconds, note)
