@@ -290,7 +290,7 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
 
     if actual is None:
         return
-    for factor, meaning in factors_to_try(problem, actual, ref, convention):
+    for factor, meaning in factors_to_try(problem, actual, ref, precision, convention):
         low = None if baseline is None else (baseline.to(torch.float64) * factor).to(baseline.dtype)
         div = measure(actual.detach(), _gradient_trace(ref.detach() * factor, n_terms, natural * abs(factor)),
                       dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,

@@ -484,7 +484,7 @@ def _constant_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str
     out = outputs.get("output")
     if out is None:
         return None
-    for factor, meaning in factors_to_try(problem, out, traces["output"].out, convention):
+    for factor, meaning in factors_to_try(problem, out, traces["output"].out, precision, convention):
         cond_max, explained = _judge_at_factor(problem, outputs, traces, baselines, precision, options, factor)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, cond_max
         if explained:
@@ -492,11 +492,12 @@ def _constant_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str
     return None
 
 
-def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor,
+def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor, precision: str,
                    convention: RetentionConvention = RETNET) -> list[tuple[float, str]]:
     """The constant factors (with what each means) that ``actual`` may be ``exact`` times, in the order to
     try them: the usual ones within `FACTOR_NEAR` of the least-squares factor c, nearest first, then c
-    itself; none when c is not finite, 0, or within `FACTOR_MIN_OFFSET` of 1 (`_constant_factor`; the
+    itself; none when c is not finite, 0, or within `FACTOR_MIN_OFFSET` of 1, or with fewer than
+    `FACTOR_MIN_ELEMENTS_KNOWN` finite elements in a half precision (c itself: `FACTOR_MIN_ELEMENTS`) (`_constant_factor`; the
     gradients' check, `harness.gradients`, asks the same)."""
     x, o = actual.detach().to("cpu", torch.float64), exact.detach().to("cpu", torch.float64)
     both = torch.isfinite(x) & torch.isfinite(o)
@@ -504,13 +505,15 @@ def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor,
     if not (math.isfinite(oo) and oo > 0):
         return []
     c = float((x[both] * o[both]).sum()) / oo
-    if not math.isfinite(c) or c == 0 or abs(c - 1) <= FACTOR_MIN_OFFSET:
+    n = int(both.sum())
+    few = FACTOR_MIN_ELEMENTS_KNOWN if precision in ("float16", "bfloat16") else 1
+    if not math.isfinite(c) or c == 0 or abs(c - 1) <= FACTOR_MIN_OFFSET or n < few:
         return []
     known = _known_factors(problem, convention)
     near = sorted((abs(f - c), i) for i, (f, _) in enumerate(known)
                   if abs(f - c) <= FACTOR_NEAR * abs(f))  # ties: the more specific meaning, listed first
     tries = [known[i] for _, i in near]
-    if int(both.sum()) >= FACTOR_MIN_ELEMENTS:  # a few elements are always some factor of the oracle's
+    if n >= FACTOR_MIN_ELEMENTS:  # a few elements are always some factor of the oracle's
         tries.append((c, "another scale or sign convention than the family's (the README's kernel contract)"))
     return tries
 
@@ -573,6 +576,10 @@ def _explained(judgement: Judgement) -> bool:
 #: elements: one element is always some factor of the oracle's, and a shrunk case of a wrong kernel has few
 #: (a kernel that ignored its initial state was named a factor on a 2-element case).
 FACTOR_MIN_ELEMENTS = 16
+#: ... and a usual factor, in float16 and bfloat16, on at least this many: a wrong value there lies within
+#: the bound of gamma or -1 times the oracle's by chance now and then, four of them together practically
+#: never (in float32 and float64 the bound is too narrow for chance: one element is enough).
+FACTOR_MIN_ELEMENTS_KNOWN = 4
 
 #: How far (relative) a least-squares factor may lie from a usual one for that one to be tried.
 FACTOR_NEAR = 0.05

@@ -140,3 +140,17 @@ def test_a_factor_that_explains_every_judgeable_element_names_a_partly_out_of_do
     record = run_case(user_kernel_spec(gla_unscaled, family="gla"), problem)
     assert record["verdict"] == "divergent" and record["n_out_of_domain"] > 0
     assert record["cause"] == "constant_factor" and record["constant_factor"] == 33 ** 0.5, record["why"]
+
+
+def test_a_half_precision_case_of_a_few_elements_is_not_named_by_a_factor():
+    """In bfloat16 a wrong value lies within the bound of -1 or gamma times the oracle's by chance now and
+    then: a factor names a half-precision case of at least FACTOR_MIN_ELEMENTS_KNOWN elements only (float32
+    and float64: any size)."""
+    from harness.runner import FACTOR_MIN_ELEMENTS_KNOWN
+
+    spec = user_kernel_spec(scan_negated, family="linear_scan")
+    tiny = Problem(family="linear_scan", length=1, dtype="bfloat16", batch=1, dim=1, seed=2)
+    assert run_case(spec, tiny)["cause"] == "kernel_bug"
+    assert run_case(spec, tiny.replace(dtype="float32"))["cause"] == "constant_factor"
+    enough = tiny.replace(length=FACTOR_MIN_ELEMENTS_KNOWN)
+    assert run_case(spec, enough)["cause"] == "constant_factor"
