@@ -497,8 +497,8 @@ def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor, 
     """The constant factors (with what each means) that ``actual`` may be ``exact`` times, in the order to
     try them: the usual ones within `FACTOR_NEAR` of the least-squares factor c, nearest first, then c
     itself; none when c is not finite, 0, or within `FACTOR_MIN_OFFSET` of 1, or with fewer than
-    `FACTOR_MIN_ELEMENTS_KNOWN` finite elements in a half precision (c itself: `FACTOR_MIN_ELEMENTS`) (`_constant_factor`; the
-    gradients' check, `harness.gradients`, asks the same)."""
+    `FACTOR_MIN_ELEMENTS_KNOWN` finite elements in a half precision (c itself: `FACTOR_MIN_ELEMENTS`).
+    `_constant_factor` asks, and the gradients' check (`harness.gradients`)."""
     x, o = actual.detach().to("cpu", torch.float64), exact.detach().to("cpu", torch.float64)
     both = torch.isfinite(x) & torch.isfinite(o)
     oo = float((o[both] * o[both]).sum())

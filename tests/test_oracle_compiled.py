@@ -1,9 +1,9 @@
 """The compiled oracle loops (`reference_impls._compiled`, numba) give the torch loops' bits exactly.
 
 - Every oracle (linear recurrence, selective scan with D, z, softplus, delta_bias and groups, retention
-  and retention_normed, simple GLA, GLA and SSD), in float64 and float32, on several shapes including lengths that are not a
-  multiple of the block: the compiled path and the pure-torch per-step loop are `torch.equal`, and the
-  compiled path was really taken.
+  and retention_normed, simple GLA, GLA and SSD), in float64 and float32, on several shapes including
+  lengths that are not a multiple of the block: the compiled path and the pure-torch per-step loop are
+  `torch.equal`, and the compiled path was really taken.
 - Every trace (the fused trace kernels), on typical inputs and on extreme ones (overflow to inf, NaN
   and inf inputs, decays above 1, negative and NaN gammas): each of its five fields has the same bits
   as both torch loops (pure torch, and with `recur`/`recur_peak` compiled); the fused kernel is the one
@@ -172,7 +172,8 @@ def _ssd_inputs(seed, batch, length, heads, headdim, n_state, groups, dtype):
     B, C = (torch.randn((batch, length, groups, n_state), **f) for _ in range(2))
     cut = max(length // 3, 1)
     kw = dict(D=torch.randn((heads,), **f), z=torch.randn((batch, length, heads, headdim), **f),
-              dt_bias=torch.rand((heads,), **f) - 0.5, initial_states=torch.randn((batch, heads, headdim, n_state), **f),
+              dt_bias=torch.rand((heads,), **f) - 0.5,
+              initial_states=torch.randn((batch, heads, headdim, n_state), **f),
               seq_idx=torch.tensor([[0] * cut + [1] * (length - cut)] * batch))
     cast = lambda t: t.to(dtype) if t.is_floating_point() else t  # noqa: E731
     return tuple(cast(t) for t in (x, dt, A, B, C)), {k: cast(v) for k, v in kw.items()}
