@@ -77,6 +77,16 @@ def gated_inputs(length: int, family: str) -> tuple:
     return x["q"], x["k"], x["v"], x["g"]
 
 
+def ssd_inputs(length: int) -> tuple:
+    """x, dt, A, B, C and the chunk size of a float64 ``ssd`` case: batch 1, heads 4, headdim 64, state 64,
+    one group (Mamba-2's shapes, the retention comparison's size)."""
+    from harness.problems import Problem
+
+    p = Problem(family="ssd", length=length, dtype="float64", seed=0, batch=1, heads=4, dv=64, state=64, groups=1)
+    x = p.make_inputs()
+    return x["x"], x["dt"], x["A"], x["B"], x["C"], 64
+
+
 def _first(fn: Callable) -> Callable:
     """``fn`` returning only its output (the gated forms return ``(o, final_state)``)."""
     def output(*args):
@@ -147,7 +157,7 @@ def load_fn(name: str) -> Callable:
     if name == "intree.retention_recurrent":
         from harness.kernels.retnet_forms import retention_recurrent
         return retention_recurrent
-    if name in ("oracle.simple_gla", "oracle.gla"):
+    if name in ("oracle.simple_gla", "oracle.gla", "oracle.ssd"):
         from reference_impls import gated_decay
         return _first(getattr(gated_decay, name.removeprefix("oracle.")))
     if name == "oracle.retention_normed":
@@ -167,7 +177,7 @@ def load_fn(name: str) -> Callable:
     reason = spec.unavailable_reason()
     if reason:
         raise RuntimeError(reason)
-    return _first(spec.callable()) if name in GLA_FNS + SIMPLE_GLA_FNS else spec.callable()
+    return _first(spec.callable()) if name in GLA_FNS + SIMPLE_GLA_FNS + SSD_FNS else spec.callable()
 
 
 def inputs_for(name: str, length: int) -> tuple:
@@ -175,6 +185,8 @@ def inputs_for(name: str, length: int) -> tuple:
         return gated_inputs(length, "simple_gla")
     if name in GLA_FNS:
         return gated_inputs(length, "gla")
+    if name in SSD_FNS:
+        return ssd_inputs(length)
     return sel_inputs(length) if name in SEL_FNS else ret_inputs(length)  # retention, with or without norm
 
 
@@ -182,10 +194,12 @@ SEL_FNS = ("oracle.selective_scan", "mambapy.selective_scan_seq", "mamba_ssm.sel
 RET_FNS = ("oracle.retention", "fla.naive_retention", "intree.retention_recurrent")
 NORMED_FNS = ("oracle.retention_normed", "torchscale.recurrent")
 #: The gated families' peers: fla's pure-PyTorch recurrent forms (float32 inside) and the in-tree
-#: recurrent forms (one torch step per t, in the input dtype). mamba-ssm's pure-torch SSD forms need
-#: mamba-ssm, which does not install here without `make install-mamba-ssm`: SSD has no peer row.
+#: recurrent forms (one torch step per t, in the input dtype). SSD's only peer here is the in-tree recurrent
+#: form: mamba-ssm's pure-torch forms need `make install-mamba-ssm` (its `ssd_minimal_discrete` is then
+#: listed, skipped with the reason otherwise).
 SIMPLE_GLA_FNS = ("oracle.simple_gla", "fla.simple_gla.naive_recurrent", "intree.simple_gla_recurrent")
 GLA_FNS = ("oracle.gla", "fla.gla.naive_recurrent", "intree.gla_recurrent")
+SSD_FNS = ("oracle.ssd", "intree.ssd_recurrent", "mamba_ssm.ssd_minimal_discrete")
 #: The group norm's eps in the normed comparison (torchscale's default).
 NORM_EPS = 1e-6
 NOTES = {
@@ -201,6 +215,8 @@ NOTES = {
     "fla.gla.naive_recurrent": "one torch step per t; computes in float32 (x.float())",
     "intree.simple_gla_recurrent": "one torch step per t, float64",
     "intree.gla_recurrent": "one torch step per t, float64",
+    "intree.ssd_recurrent": "one torch step per t, float64",
+    "mamba_ssm.ssd_minimal_discrete": "Listing 1 of the Mamba-2 paper (segsum, chunked), in the input dtype",
 }
 #: The issue's target: the oracle at least this many times faster than the fastest peer at L >= 8192.
 TARGET_RATIO = 5.0
@@ -733,6 +749,7 @@ def run(out: Path, lengths: list[int], case_lengths: list[int], reps: int, mem: 
         "retention_normed": compare_group("retention_normed", NORMED_FNS, lengths, reps, mem),
         "simple_gla": compare_group("simple_gla", SIMPLE_GLA_FNS, lengths, reps, mem),
         "gla": compare_group("gla", GLA_FNS, lengths, reps, mem),
+        "ssd": compare_group("ssd", SSD_FNS, lengths, reps, mem),
     }
     groups = {"summary": oracle_vs_peers(groups), **groups}
     groups["technique"] = technique_comparison(technique_length, reps)
@@ -754,6 +771,7 @@ def run(out: Path, lengths: list[int], case_lengths: list[int], reps: int, mem: 
         "retention_normed": f"Retention with the group norm (eps {NORM_EPS:g}), the same shapes (time: best of {reps})",
         "simple_gla": f"Simple GLA (one log-decay per head), float64 in, the retention shapes (time: best of {reps})",
         "gla": f"GLA (one log-decay per key channel), float64 in, the same shapes (time: best of {reps})",
+        "ssd": f"SSD (Mamba-2), float64 in, batch 1, heads 4, headdim 64, state 64, chunk 64 (time: best of {reps})",
         "technique": "Oracle loop implementations side by side (same shapes, float64; docs/performance.md)",
         "jit": "numba first use in a fresh process (import, then every kernel in float32 and float64)",
         "cases": f"Where a case's time goes (run_case, float32, the shapes above; harness = measure + records, "

@@ -20,8 +20,8 @@ def test_quick_bench_tables(tmp_path):
     assert [r["function"] for r in ret] == list(bench.RET_FNS)
     normed = groups["retention_normed"]
     assert [r["function"] for r in normed] == list(bench.NORMED_FNS)
-    gated = groups["simple_gla"] + groups["gla"]
-    assert [r["function"] for r in gated] == list(bench.SIMPLE_GLA_FNS + bench.GLA_FNS)
+    gated = groups["simple_gla"] + groups["gla"] + groups["ssd"]
+    assert [r["function"] for r in gated] == list(bench.SIMPLE_GLA_FNS + bench.GLA_FNS + bench.SSD_FNS)
     for r in gated:  # the peers compute the oracle's outputs (fla's in float32)
         if r["time_s"] is not None and r["vs_oracle"] != "(reference)":
             diff = 0.0 if r["vs_oracle"] == "bit-identical" else float(r["vs_oracle"].removeprefix("max|diff|="))
@@ -34,7 +34,7 @@ def test_quick_bench_tables(tmp_path):
     assert sel[0]["speedup_vs_oracle"] == 1.0 and ret[0]["vs_oracle"] == "(reference)"
     summary = groups["summary"]
     assert [(r["family"], r["L"]) for r in summary] == [
-        ("selective_scan", 32), ("retention", 32), ("retention_normed", 32), ("simple_gla", 32), ("gla", 32)]
+        ("selective_scan", 32), ("retention", 32), ("retention_normed", 32), ("simple_gla", 32), ("gla", 32), ("ssd", 32)]
     for r in summary:
         if r["peer_s"] is not None:
             assert r["oracle_x_faster"] == pytest.approx(r["peer_s"] / r["oracle_s"], rel=0.01, abs=0.01)
