@@ -536,6 +536,10 @@ POLL_S = 0.2
 #: shared CI runner), up to this many times its timeout in all; a hung kernel (asleep, waiting on a lock,
 #: in a loop that does get the CPU) waits for no CPU and times out at its timeout.
 STARVED_TIMEOUT_FACTOR = 10.0
+#: A wait for a kernel's reply that comes back this much later than it asked (seconds) means the harness
+#: itself did not run meanwhile (its process group stopped by SIGSTOP or Ctrl-Z, the machine suspended):
+#: that time is given back to the call, whatever its length (`Worker._receive`).
+PAUSED_S = 1.0
 
 
 def cpu_wait_s(pid: int) -> dict[int, float]:
@@ -630,7 +634,12 @@ class Worker:
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             raise_if_stopped()
-            ready = self.conn.poll(POLL_S if wait is None or wait > POLL_S else wait)
+            asked = POLL_S if wait is None or wait > POLL_S else wait
+            polled = time.monotonic()
+            ready = self.conn.poll(asked)
+            paused = time.monotonic() - polled - asked
+            if paused > PAUSED_S and deadline is not None:  # the harness was stopped, not the kernel slow
+                began, deadline = began + paused, deadline + paused
             if ready:
                 try:
                     return self.conn.recv()

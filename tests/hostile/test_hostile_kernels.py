@@ -228,6 +228,35 @@ def test_a_worker_hung_in_a_kernel_dies_with_a_killed_harness(tmp_path):
         proc.kill()
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP") or not hasattr(os, "sched_setaffinity"),
+                    reason="stops a worker with SIGSTOP (POSIX)")
+def test_time_the_run_was_stopped_is_not_a_timeout(monkeypatch):
+    """The whole run stopped (SIGSTOP to its session, Ctrl-Z, a suspended laptop) for 3 s during a 2 s-timeout
+    call of a kernel that needs 0.5 s of CPU: the harness's wait comes back 3 s late, and that time is given
+    back (`isolation.PAUSED_S`). Before, the call timed out on resuming: a nightly calibration stopped for
+    `make test` counted a correct SSD chunk form (1.6 s) as a 900 s timeout."""
+    from multiprocessing.connection import Connection
+
+    from harness.kernels import isolation
+
+    real_poll, stopped = Connection.poll, []
+
+    def poll_after_a_stop(conn, timeout=0.0):
+        pids = [w.process.pid for w in isolation._WORKERS.values() if w.conn is conn]
+        if pids and not stopped:  # the first wait for the kernel: the worker and this process stop for 3 s
+            os.kill(pids[0], signal.SIGSTOP)
+            stopped.append(pids[0])
+            time.sleep(3.0)
+            os.kill(pids[0], signal.SIGCONT)
+        return real_poll(conn, timeout)
+
+    monkeypatch.setattr(Connection, "poll", poll_after_a_stop)
+    record = run_case(spec("needs_half_a_cpu_second_on_cpu0"), problem(), RunOptions(timeout_s=2.0, isolation="process"))
+    assert stopped, "the worker was not found to stop"
+    assert record["verdict"] == "equivalent", record.get("error") or record.get("why")
+    assert record["t_kernel"] > 3.0
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task") or not hasattr(os, "sched_setaffinity"),
                     reason="reads a worker's CPU waiting time from /proc/PID/task/*/schedstat (Linux)")
 def test_a_kernel_waiting_for_a_busy_cpu_is_given_that_time_back_not_a_timeout():
