@@ -545,8 +545,7 @@ def _swapped_layout(problem: Problem, inputs: dict[str, torch.Tensor], outputs: 
         return None
     if precision in ("float16", "bfloat16") and outputs["output"].numel() < FACTOR_MIN_ELEMENTS_KNOWN:
         return None  # as for a factor: a few half-precision values may agree with another layout by chance
-    if getattr(problem, "has_initial_state", False) or getattr(problem, "final_state", False) or \
-            getattr(problem, "cu_seqlens", None) is not None:
+    if problem.has_initial_state or problem.final_state or problem.cu_seqlens is not None:
         return None
     field_name, layout = definition.swapped_layout
     try:
