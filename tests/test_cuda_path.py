@@ -863,10 +863,12 @@ def test_gpu_check_cut_short_by_its_outer_limit_still_reports(tmp_path: Path) ->
     pass instead: `test_finish_reports_a_killed_sweep_from_its_records`.)"""
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
-    env.update(PYTHON=sys.executable, GPU_CHECK_TOTAL_S="20", FINISH_S="6", CASE_MARGIN_S="0",
+    # 30 s: the script keeps 2 x FINISH_S and needs 5 s of sweep after its preamble (environment, imports),
+    # which took 4 s on a busy machine (at 20 s the script then refused to start the sweep at all)
+    env.update(PYTHON=sys.executable, GPU_CHECK_TOTAL_S="30", FINISH_S="6", CASE_MARGIN_S="0",
                DEVICE_BUNDLE=str(tmp_path / "no-bundle"))
     # thousands of short cases, and --budget-s after the script's own (it wins): only the outer limit ends it
-    lengths = ",".join(str(n) for n in range(8, 4000))  # far more than 20 s of cases even on an idle machine
+    lengths = ",".join(str(n) for n in range(8, 4000))  # far more than 30 s of cases even on an idle machine
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--device", "cpu",
                            "--kernels", "intree.blelloch_scan,intree.sequential_scan", "--lengths", lengths,
                            "--budget-s", "1000", "--no-report"],
