@@ -413,7 +413,7 @@ def test_retention_trace_bit_identical(values, shape, block, monkeypatch, calls)
     assert calls["retention_trace_block"] >= 4
 
 
-GATED_TRACE_SHAPES = GATED_SHAPES + [(2, 200, 3, 4, 16)]  # dv > dk as well as dk > dv
+GATED_TRACE_SHAPES = GATED_SHAPES + [(2, 120, 3, 4, 16)]  # dv > dk as well as dk > dv
 
 
 @needs_numba
