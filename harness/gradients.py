@@ -38,9 +38,9 @@ from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import (RunOptions, call_args, factor_clause, factors_to_try, inputs_in, output_shape,
-                            reference_trace, rerun_options, run_case)
-from harness.verdict import Verdict, judge
+from harness.runner import (RunOptions, call_args, explains, factor_clause, factors_to_try, inputs_in,
+                            output_shape, reference_trace, rerun_options, run_case)
+from harness.verdict import judge
 from reference_impls.trace import Trace
 
 #: Inputs that are differentiated, per family (each family's ``grad_inputs``).
@@ -296,7 +296,7 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
                       dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,
                       cond_threshold=options.policy.cond_threshold)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, div.cond_max
-        if judge(div, options.policy).verdict is Verdict.EQUIVALENT:
+        if explains(judge(div, options.policy)):
             record["cause"] = "constant_factor"
             record["why"] = f"{record['why']}; {factor_clause('gradient', factor, div.cond_max, meaning)}"
             return

@@ -462,6 +462,16 @@ _CHUNK_CLAUSE = (f"within the bound of a chunked form with chunk {CHUNK_COUNTERF
 #: A divergent output whose best constant factor against the oracle's is within this of 1 is not called
 #: a scale (`_constant_factor`): the factor must be the finding, not the least-squares noise of a bug.
 FACTOR_MIN_OFFSET = 1e-3
+#: The least-squares factor itself (not a usual one) is tried only on outputs of at least this many finite
+#: elements: one element is always some factor of the oracle's, and a shrunk case of a wrong kernel has few
+#: (a kernel that ignored its initial state was named a factor on a 2-element case).
+FACTOR_MIN_ELEMENTS = 16
+#: ... and a usual factor, in float16 and bfloat16, on at least this many: a wrong value there lies within
+#: the bound of gamma or -1 times the oracle's by chance now and then, four of them together practically
+#: never (in float32 and float64 the bound is too narrow for chance: one element is enough).
+FACTOR_MIN_ELEMENTS_KNOWN = 4
+#: How far (relative) a least-squares factor may lie from a usual one for that one to be tried.
+FACTOR_NEAR = 0.05
 
 
 def _constant_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
@@ -524,6 +534,52 @@ def factor_clause(what: str, factor: float, cond_max: float, meaning: str) -> st
             f"(cond_max {cond_max:.3g}): {meaning}")
 
 
+def _judge_at_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
+                     baselines: dict[str, Any] | None, precision: str, options: RunOptions,
+                     factor: float) -> tuple[float, bool]:
+    """(cond_max, explained) of ``outputs`` against the oracle's output times ``factor``: explained when
+    equivalent, or when every element that can be judged agrees (the rest out of the precision domain)."""
+    from dataclasses import replace
+
+    trace = traces["output"]
+    scaled = dict(traces, output=replace(trace, out=trace.out * factor, magnitude=trace.magnitude * abs(factor),
+                                         growth=trace.growth * abs(factor)))
+    base = baselines
+    if baselines is not None and baselines.get("output") is not None:
+        b = baselines["output"]
+        base = dict(baselines, output=(b.to(torch.float64) * factor).to(b.dtype))
+    div, judgement = _judge_outputs(problem, outputs, scaled, base, precision, options)
+    return div.cond_max, explains(judgement)
+
+
+#: The families whose convention carries a scale ``dk**-0.5`` on the query (`_known_factors`).
+_SCALED_FAMILIES = (Family.RETENTION, Family.RETENTION_NORMED, Family.SIMPLE_GLA, Family.GLA)
+
+
+def _known_factors(problem: Problem, convention: RetentionConvention = RETNET) -> list[tuple[float, str]]:
+    """The usual constant factors of a wrong output, signed, with what each means: a flipped sign; a scale
+    from the wrong head dimension (left out, applied twice, ``dv**-0.5``) or a ``scale=`` passed and ignored;
+    a one-head retention's gamma (the state decayed once too often)."""
+    known: list[tuple[float, str]] = []
+    if problem.family in _SCALED_FAMILIES:
+        dk, dv = problem.dk, problem.dv
+        given = problem.scale
+        if given:  # a case that passed scale= to a kernel that takes it (first: the more specific meaning)
+            known += [(dk ** -0.5 / given, f"dk**-0.5 / scale: the scale={given:g} passed was ignored (dk**-0.5 used)"),
+                      (1 / given, f"1 / scale: the scale={given:g} passed was ignored (no scale used)")]
+        known += [(dk ** 0.5, "dk**0.5: the scale dk**-0.5 left out"),
+                  (dk ** -0.5, "dk**-0.5: the scale dk**-0.5 applied twice")]
+        if dk != dv:
+            known.append(((dk / dv) ** 0.5, "(dk / dv)**0.5: the scale dv**-0.5 where the family's is dk**-0.5"))
+    if problem.family in (Family.RETENTION, Family.RETENTION_NORMED) and problem.heads == 1:
+        known.append((float(convention.gammas(1)[0]), "gamma: the state decayed once more than the definition "
+                                                      "(gamma (S + k^T v) for gamma S + k^T v)"))
+    out = [(-1.0, "the sign is flipped")]
+    for value, meaning in known:
+        out += [(value, f"{value:.6g} = {meaning}"), (-value, f"{value:.6g} = {meaning}, and the sign flipped")]
+    return out
+
+
 def _swapped_layout(problem: Problem, inputs: dict[str, torch.Tensor], outputs: dict[str, Any], precision: str,
                     options: RunOptions, record: dict[str, Any],
                     convention: RetentionConvention = RETNET) -> str | None:
@@ -559,77 +615,18 @@ def _swapped_layout(problem: Problem, inputs: dict[str, torch.Tensor], outputs: 
     div, judgement = _judge_outputs(problem, {"output": outputs["output"]}, {"output": back}, None, precision,
                                     options)
     record["layout_cond_max"] = div.cond_max
-    if not _explained(judgement):
+    if not explains(judgement):
         return None
     return (f"layout: the output is the oracle's on the inputs read as {layout} (axes 1 and 2, the sequence and "
             f"{field_name}, swapped; cond_max {div.cond_max:.3g}): the kernel takes another layout than the "
             f"family's; transpose(1, 2) its inputs and its output in a wrapper")
 
 
-def _explained(judgement: Judgement) -> bool:
+def explains(judgement: Judgement) -> bool:
     """A counterfactual judgement that explains a divergent case: equivalent, or every element it can judge
     agreeing (the rest out of the precision domain)."""
     return judgement.verdict is Verdict.EQUIVALENT or (
         judgement.verdict is Verdict.OUT_OF_DOMAIN and judgement.rule == "partial_domain")
-
-
-#: The least-squares factor itself (not a usual one) is tried only on outputs of at least this many finite
-#: elements: one element is always some factor of the oracle's, and a shrunk case of a wrong kernel has few
-#: (a kernel that ignored its initial state was named a factor on a 2-element case).
-FACTOR_MIN_ELEMENTS = 16
-#: ... and a usual factor, in float16 and bfloat16, on at least this many: a wrong value there lies within
-#: the bound of gamma or -1 times the oracle's by chance now and then, four of them together practically
-#: never (in float32 and float64 the bound is too narrow for chance: one element is enough).
-FACTOR_MIN_ELEMENTS_KNOWN = 4
-
-#: How far (relative) a least-squares factor may lie from a usual one for that one to be tried.
-FACTOR_NEAR = 0.05
-
-
-def _judge_at_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
-                     baselines: dict[str, Any] | None, precision: str, options: RunOptions,
-                     factor: float) -> tuple[float, bool]:
-    """(cond_max, explained) of ``outputs`` against the oracle's output times ``factor``: explained when
-    equivalent, or when every element that can be judged agrees (the rest out of the precision domain)."""
-    from dataclasses import replace
-
-    trace = traces["output"]
-    scaled = dict(traces, output=replace(trace, out=trace.out * factor, magnitude=trace.magnitude * abs(factor),
-                                         growth=trace.growth * abs(factor)))
-    base = baselines
-    if baselines is not None and baselines.get("output") is not None:
-        b = baselines["output"]
-        base = dict(baselines, output=(b.to(torch.float64) * factor).to(b.dtype))
-    div, judgement = _judge_outputs(problem, outputs, scaled, base, precision, options)
-    return div.cond_max, _explained(judgement)
-
-
-#: The families whose convention carries a scale ``dk**-0.5`` on the query (`_known_factors`).
-_SCALED_FAMILIES = (Family.RETENTION, Family.RETENTION_NORMED, Family.SIMPLE_GLA, Family.GLA)
-
-
-def _known_factors(problem: Problem, convention: RetentionConvention = RETNET) -> list[tuple[float, str]]:
-    """The usual constant factors of a wrong output, signed, with what each means: a flipped sign; a scale
-    from the wrong head dimension (left out, applied twice, ``dv**-0.5``) or a ``scale=`` passed and ignored;
-    a one-head retention's gamma (the state decayed once too often)."""
-    known = [(1.0, "")]
-    if problem.family in _SCALED_FAMILIES:
-        dk, dv = problem.dk, problem.dv
-        given = getattr(problem, "scale", None)
-        if given:  # a case that passed scale= to a kernel that takes it (first: the more specific meaning)
-            known += [(dk ** -0.5 / given, f"dk**-0.5 / scale: the scale={given:g} passed was ignored (dk**-0.5 used)"),
-                      (1 / given, f"1 / scale: the scale={given:g} passed was ignored (no scale used)")]
-        known += [(dk ** 0.5, "dk**0.5: the scale dk**-0.5 left out"),
-                  (dk ** -0.5, "dk**-0.5: the scale dk**-0.5 applied twice")]
-        if dk != dv:
-            known.append(((dk / dv) ** 0.5, "(dk / dv)**0.5: the scale dv**-0.5 where the family's is dk**-0.5"))
-    if problem.family in (Family.RETENTION, Family.RETENTION_NORMED) and problem.heads == 1:
-        known.append((float(convention.gammas(1)[0]), "gamma: the state decayed once more than the definition "
-                                                      "(gamma (S + k^T v) for gamma S + k^T v)"))
-    out = [(-1.0, "the sign is flipped")]
-    for value, meaning in known[1:]:
-        out += [(value, f"{value:.6g} = {meaning}"), (-value, f"{value:.6g} = {meaning}, and the sign flipped")]
-    return out
 
 
 #: Verdicts from the worst down: the record of a case with several targets takes the worst.
