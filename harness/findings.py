@@ -58,6 +58,7 @@ CAUSE_PHRASES: dict[str, str] = {
 DOMAIN_PHRASES: dict[str, str] = {
     "state": "the float64 state exceeds the dtype's max",
     "decay": "a product of decays exceeds the dtype's max",
+    "norm": "the group norm's intermediates leave the dtype's range at some positions",
     "output": "the exact output exceeds the dtype's max",
     "near_overflow": "the output is within its error bound of the dtype's max",
     "oracle_nonfinite": "the float64 oracle itself is not finite",

@@ -54,7 +54,9 @@ length axis: a (batch, channel) of a scan, a (batch, head, column) of retention)
 
 with ``M = max_finite / (1 + depth * u)`` (a margin of the tree's rounding below the dtype's maximum, so
 that a state within rounding of the maximum is not held against a kernel). The peaks are running maxima,
-so the state condition excludes a suffix of each row; the output condition excludes single elements.
+so the state condition excludes a suffix of each row; the output condition excludes single elements, and
+so does ``norm_peak <= M`` where the trace has one (the group norm's intermediates at that position alone,
+`reference_impls.trace.Trace`).
 A kernel that gives Inf where the oracle plus ``cond_threshold`` times the bound exceeds the maximum is
 also counted out of domain (the bound admits that overflow), and so is one that is NaN/Inf where the
 same-dtype sequential loop (the baseline) is NaN/Inf too: an intermediate of a correct algorithm left
@@ -198,10 +200,11 @@ class Divergence:
     first_nonfinite_t: int | None = None  # first t where the kernel is NaN/Inf in domain
     n_expected_underflow: int = 0
     domain_onset_t: int | None = None  # first t with any element out of domain
-    domain_cause: str = "none"  # "state", "decay", "output", "near_overflow", "oracle_nonfinite",
+    domain_cause: str = "none"  # "state", "decay", "norm", "output", "near_overflow", "oracle_nonfinite",
     # "precision_exhausted", "loop_nonfinite" (the kernel and the same-dtype loop are both NaN/Inf)
     state_peak_max: float = math.nan
     decay_peak_max: float = math.nan
+    norm_peak_max: float = math.nan  # nan: the trace has no norm_peak
     # -- the same-dtype sequential baseline -------------------------------------------------------
     has_baseline: bool = False
     baseline_max_abs: float = math.nan
@@ -477,8 +480,10 @@ def _validate(trace: Any, *, dtype: torch.dtype | str, length_axis: int, depth: 
     ndim = len(shape)
     if ndim == 0 or not -ndim <= length_axis < ndim:
         raise InvalidArgument(f"length_axis={length_axis!r} is not an axis of the output of shape {shape}")
-    for name in ("magnitude", "growth", "state_peak", "decay_peak"):
+    for name in ("magnitude", "growth", "state_peak", "decay_peak", "norm_peak"):
         comp = getattr(trace, name, None)
+        if name == "norm_peak" and comp is None:
+            continue  # optional: only an output map with a norm has one
         if not isinstance(comp, torch.Tensor) or tuple(comp.shape) != shape:
             raise InvalidArgument(f"trace.{name} must be a tensor of the output's shape {shape}; got {comp!r:.80}")
     la = length_axis % ndim
@@ -518,11 +523,14 @@ class _Views(NamedTuple):
     dp: torch.Tensor
     x: torch.Tensor
     b: torch.Tensor | None
+    norm: torch.Tensor | None  # the trace's norm_peak, where it has one
 
     @classmethod
     def of(cls, s: _Setup, trace: Any, x: torch.Tensor, b: torch.Tensor | None) -> "_Views":
+        norm = getattr(trace, "norm_peak", None)
         return cls(s.flat(trace.out), s.flat(trace.magnitude), s.flat(trace.growth), s.flat(trace.state_peak),
-                   s.flat(trace.decay_peak), s.flat(x), s.flat(b) if b is not None else None)
+                   s.flat(trace.decay_peak), s.flat(x), s.flat(b) if b is not None else None,
+                   s.flat(norm) if norm is not None else None)
 
 
 class _Accumulator:
@@ -595,6 +603,9 @@ class _Accumulator:
         """The whole output in one compiled pass when everything is in range; False (nothing merged) when
         the general code must run."""
         s = self.s
+        norm = getattr(trace, "norm_peak", None)
+        if norm is not None and not float(norm.max()) <= s.limit:
+            return False  # a norm out of range somewhere: the general code excludes those elements
         per_t_cond, per_t_abs, mismatch_t = self.per_t_cond.clone(), self.per_t_abs.clone(), self.mismatch_t.clone()
         fs = _compiled_measure.fast_pass(
             *(s.cube(t) for t in (trace.out, x, trace.magnitude, trace.growth, trace.state_peak, trace.decay_peak)),
@@ -640,12 +651,14 @@ class _Accumulator:
         ao_lo, ao_hi = float(ao_lo_t), float(ao_hi_t)
         sp_hi, dp_hi, b_hi = float(spc.max()), float(dpc.max()), float(bound.max())
         self.add_peaks(sp_hi, dp_hi)
+        normc = v.norm[r0:r1].to(f64) if v.norm is not None else None
+        norm_hi = float(normc.max()) if normc is not None else -inf
         diff = (xc - o).abs_()
         d_hi = float(diff.max())
         ref_low = o.to(s.grid)
         # NaN fails every comparison below, so a NaN anywhere takes the general path
-        fast = (sp_hi <= s.limit and dp_hi <= s.limit and ao_hi + b_hi <= s.info.max_finite and mag_hi <= s.limit
-                and b_hi < inf and d_hi < inf and not bool(exhausted.any()))
+        fast = (sp_hi <= s.limit and dp_hi <= s.limit and norm_hi <= s.limit and ao_hi + b_hi <= s.info.max_finite
+                and mag_hi <= s.limit and b_hi < inf and d_hi < inf and not bool(exhausted.any()))
         cond = diff / bound
 
         compared: torch.Tensor | None = None  # None: every element of the chunk is compared
@@ -654,8 +667,8 @@ class _Accumulator:
         if fast:
             nd = nc = o.numel()
         else:
-            dom, compared, bad, nd = self._chunk_domain(r0, o, xc, ao, spc, dpc, magc, bound, exhausted, ref_low,
-                                                        v.b[r0:r1] if v.b is not None else None)
+            dom, compared, bad, nd = self._chunk_domain(r0, o, xc, ao, spc, dpc, normc, magc, bound, exhausted,
+                                                        ref_low, v.b[r0:r1] if v.b is not None else None)
             nc = int(compared.sum())
         self.n_in_domain += nd
 
@@ -674,8 +687,8 @@ class _Accumulator:
             self._chunk_baseline(v.b[r0:r1].to(f64), o, bound, dom, fast)
 
     def _chunk_domain(self, r0: int, o: torch.Tensor, xc: torch.Tensor, ao: torch.Tensor, spc: torch.Tensor,
-                      dpc: torch.Tensor, magc: torch.Tensor, bound: torch.Tensor, exhausted: torch.Tensor,
-                      ref_low: torch.Tensor, bc: torch.Tensor | None
+                      dpc: torch.Tensor, normc: torch.Tensor | None, magc: torch.Tensor, bound: torch.Tensor,
+                      exhausted: torch.Tensor, ref_low: torch.Tensor, bc: torch.Tensor | None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
         """A chunk with something out of the ordinary: (in domain, compared, kernel NaN/Inf in domain or
         None, the number in domain), with the domain's and the non-finite values' counts and positions
@@ -688,6 +701,8 @@ class _Accumulator:
         # an output whose exact value plus the rounding a correct algorithm may add reaches the
         # dtype's max can overflow in a correct kernel: out of domain, not a bug
         out_bad = ~(((ao + bound) <= s.info.max_finite) & (magc <= limit))
+        if normc is not None:  # a norm that cannot be evaluated here: this element alone
+            out_bad |= ~(normc <= limit)
         dom = ~(prefix_bad | out_bad | ~torch.isfinite(bound))
         lost = dom & exhausted  # in range, but no digit guaranteed: out of the precision domain
         n_lost = int(lost.sum())
@@ -892,8 +907,8 @@ class _Accumulator:
         range_cause = "none"
         if onset is not None:
             v = views if views is not None else _Views.of(s, trace, x, b)
-            range_cause = _domain_cause(onset, v.out, v.gro, v.mag, v.sp, v.dp, v.x, v.b, s.limit, s.u, s.depth,
-                                        s.room, s.tiny, s.thr, s.info)
+            range_cause = _domain_cause(onset, v.out, v.gro, v.mag, v.sp, v.dp, v.norm, v.x, v.b, s.limit, s.u,
+                                        s.depth, s.room, s.tiny, s.thr, s.info)
         if range_cause == "none" and self.n_exhausted:
             range_cause = "precision_exhausted"
         fields.update(
@@ -908,6 +923,7 @@ class _Accumulator:
             precision_onset_t=_first_true(self.lost_t),
             state_peak_max=self.sp_max,
             decay_peak_max=self.dp_max,
+            norm_peak_max=float(trace.norm_peak.max()) if getattr(trace, "norm_peak", None) is not None else math.nan,
         )
 
         # -- the baseline -------------------------------------------------------------------------------
@@ -1043,6 +1059,7 @@ def _domain_cause(
     mag: torch.Tensor,
     sp: torch.Tensor,
     dp: torch.Tensor,
+    norm: torch.Tensor | None,
     x: torch.Tensor,
     base: torch.Tensor | None,
     limit: float,
@@ -1062,12 +1079,14 @@ def _domain_cause(
     xc = x[:, onset].to(f64)
     state = ~(sp[:, onset].to(f64) <= limit)
     decay = ~(dp[:, onset].to(f64) <= limit)
+    normed = ~(norm[:, onset].to(f64) <= limit) if norm is not None else torch.zeros_like(decay)
     output = ~(o.abs() <= limit)
     oracle = ~torch.isfinite(bound)
     near = ~torch.isfinite(xc) & (o.abs() + thr * bound > info.max_finite)
     for name, mask in (
         ("state", state),
         ("decay", decay),
+        ("norm", normed),
         ("output", output),
         ("oracle_nonfinite", oracle),
         ("precision_exhausted", ~(rel < PRECISION_LIMIT)),

@@ -611,7 +611,8 @@ def _swapped_layout(problem: Problem, inputs: dict[str, torch.Tensor], outputs: 
     x = {k: v.transpose(1, 2) for k, v in inputs.items()}
     trace = reference_traces(swapped, x, convention)["output"]
     back = replace(trace, **{f: getattr(trace, f).transpose(1, 2) for f in
-                             ("out", "magnitude", "growth", "state_peak", "decay_peak")})
+                             ("out", "magnitude", "growth", "state_peak", "decay_peak", "norm_peak")
+                             if getattr(trace, f) is not None})
     div, judgement = _judge_outputs(problem, {"output": outputs["output"]}, {"output": back}, None, precision,
                                     options)
     record["layout_cond_max"] = div.cond_max

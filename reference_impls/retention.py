@@ -271,7 +271,8 @@ def retention_normed_trace(
 ) -> Trace:
     """`retention_normed`'s float64 output and companions: retention's, mapped through the norm's
     first-order sensitivity (derivation in the module docstring); state_peak and decay_peak as for
-    `retention`."""
+    `retention`; norm_peak the larger of the norm's sum of squares and the reciprocal of its mean square
+    (plus eps) at each position."""
     args = _check(q, k, v, gamma, scale)
     eps_ = _validate.eps(eps)
     kind = _validate.norm_kind(kind)
@@ -293,10 +294,12 @@ def retention_normed_trace(
     if kind == "layer":
         growth = growth + dv * o.abs().mean(-1, keepdim=True) / denom
     # The norm's own intermediates must be representable too: the sum of squares (o^2 overflows first) and
-    # its reciprocal (a mean square + eps that underflows makes 0/0 or x/0). Both join the state peak,
-    # so a norm that cannot be evaluated in a dtype is an input-domain finding, not a kernel bug.
+    # its reciprocal (a mean square + eps below about a quarter of the smallest normal number leaves too few
+    # digits, and one that underflows makes 0/0 or x/0). A norm that cannot be evaluated in a dtype is an
+    # input-domain finding, not a kernel bug; only at that position (norm_peak): the next position's norm
+    # starts afresh, unlike the state, whose peak stays a running maximum.
     mean_square = denom.square()  # mean(o^2) + eps (for "layer", of the centred o)
     sum_of_squares = mean_square * dv  # the sum the norm forms before dividing by dv
     norm_peak = torch.maximum(sum_of_squares, mean_square.reciprocal()).expand_as(y)
-    state_peak = torch.maximum(inner.state_peak, torch.cummax(norm_peak, dim=1).values)
-    return Trace(out=y, magnitude=magnitude, growth=growth, state_peak=state_peak, decay_peak=inner.decay_peak)
+    return Trace(out=y, magnitude=magnitude, growth=growth, state_peak=inner.state_peak,
+                 decay_peak=inner.decay_peak, norm_peak=norm_peak)

@@ -15,8 +15,13 @@ The harness's metrics need more than the output to judge a kernel fairly:
   tells an input that overflows the dtype from a kernel bug.
 - ``decay_peak``: the running maximum over t' <= t of the largest product of |decay| over any window
   ending at t' (``P_t = |a_t| * max(P_{t-1}, 1)``): the partial products a parallel scan forms.
+- ``norm_peak`` (optional; None for an output map without a norm): the largest intermediate of the
+  output map at that element alone, not a running maximum: for the normed retention, the group norm's
+  sum of squares and the reciprocal of its mean square (plus eps). A position's norm does not carry to
+  the next, so where it leaves the dtype's range only that position is out of domain, while the state
+  and decay peaks, which do carry, exclude the rest of the row.
 
-All fields are float64 CPU tensors with the shape of ``out``. Each oracle's module docstring gives its
+All fields (``norm_peak`` where present) are float64 CPU tensors with the shape of ``out``. Each oracle's module docstring gives its
 exact recurrences and output maps (including the reduction terms in growth and, for the normed
 retention, the group norm's first-order sensitivity).
 """
@@ -35,3 +40,4 @@ class Trace:
     growth: torch.Tensor
     state_peak: torch.Tensor
     decay_peak: torch.Tensor
+    norm_peak: torch.Tensor | None = None

@@ -125,6 +125,42 @@ def test_out_of_range_cases_go_to_the_general_code(monkeypatch, spoil):
     _assert_same(fast, slow)
 
 
+def test_a_norm_in_range_keeps_the_compiled_pass(monkeypatch):
+    x, trace, baseline = _case((2, 3, 64), 2, "float32", 6)
+    trace.norm_peak = torch.full_like(trace.out, 1e30)  # below float32's max: changes nothing
+    fast, slow, calls = _both(monkeypatch, x, trace, dtype="float32", baseline=baseline)
+    assert calls == [True]
+    _assert_same(fast, slow)
+    assert fast["n_out_of_domain"] == 0 and fast["norm_peak_max"] == 1e30
+
+
+def test_a_norm_out_of_range_excludes_its_own_positions_only(monkeypatch):
+    # unlike the state, whose peak carries to every later position of its row (a suffix)
+    x, trace, baseline = _case((2, 3, 64), 2, "float32", 7)
+    trace.norm_peak = torch.ones_like(trace.out)
+    trace.norm_peak[0, 1, 5] = trace.norm_peak[1, 2, 30] = 1e39  # beyond float32's max at two elements
+    x[0, 1, 40] *= 1.5  # a wrong element later in the first of those rows: still compared, still found
+    fast, slow, calls = _both(monkeypatch, x, trace, dtype="float32", baseline=baseline)
+    assert calls == []  # declined before the pass starts
+    _assert_same(fast, slow)
+    assert fast["n_out_of_domain"] == 2 and fast["n_rows_out_of_domain"] == 2
+    assert fast["domain_cause"] == "norm" and fast["domain_onset_t"] == 5 and fast["norm_peak_max"] == 1e39
+    assert fast["n_mismatch"] == 1 and fast["onset_t"] == 40
+    state = Trace(**{**trace.__dict__, "norm_peak": None, "state_peak": trace.state_peak.clone()})
+    state.state_peak[0, 1, 5:] = 1e39  # the same overflow in the state: the rest of the row goes with it
+    as_state = measure(x, state, dtype="float32", baseline=baseline).to_dict()
+    assert as_state["n_out_of_domain"] == 59 and as_state["domain_cause"] == "state" and as_state["n_mismatch"] == 0
+
+
+def test_a_trace_without_a_norm_reports_no_norm_peak():
+    x, trace, baseline = _case((2, 3, 16), 2, "float32", 8)
+    got = measure(x, trace, dtype="float32", baseline=baseline)
+    assert math.isnan(got.norm_peak_max)
+    trace.norm_peak = torch.ones(2, 3, 15, dtype=torch.float64)
+    with pytest.raises(Exception, match="trace.norm_peak must be a tensor of the output's shape"):
+        measure(x, trace, dtype="float32")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_function_room_and_the_valid_bound_are_the_same_in_both_paths(monkeypatch, dtype):
     x, trace, baseline = _case((2, 3, 129), 2, dtype, 11)

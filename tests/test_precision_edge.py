@@ -348,6 +348,34 @@ def test_normed_retention_large_in_float16_is_judged_not_out_of_domain_from_its_
     assert verdicts.count("equivalent") >= 6, verdicts
 
 
+#: The RetNet seed's ramp in float16 on one batch row: the first outputs (products of three factors near
+#: 1/n) are too small to normalise in float16 (mean square + eps below 1/max), the later ones are not.
+RAMP_F16 = Problem(family="retention_normed", length=32, dtype="float16", regime="ramp", batch=1, heads=2, dk=8,
+                   dv=8, eps=0.0, seed=1)
+
+
+@pytest.mark.parametrize("kernel", ["intree.retention_normed_parallel", "intree.sequential_retention_normed"])
+def test_a_norm_that_cannot_be_evaluated_excludes_its_own_positions_not_the_rest_of_the_row(kernel):
+    """Each position has a norm of its own: where one leaves float16's range only that position is out of
+    domain (it was the rest of every row, as for the state: here the whole case, no element compared)."""
+    rec = run_case(registry.get(kernel), RAMP_F16)
+    assert rec["verdict"] == "out_of_domain" and rec["domain_cause"] == "norm", rec["why"]
+    assert "at those positions only" in rec["why"] and rec["domain_onset_t"] == 0
+    trace = reference_trace(RAMP_F16, {k: v for k, v in RAMP_F16.make_inputs().items()})
+    limit = float(torch.finfo(torch.float16).max) / (1 + metrics.default_depth(32) * 2.0**-11)
+    assert rec["n_out_of_domain"] == int((trace.norm_peak > limit).sum()) == 48  # 3 of 32 positions
+    assert rec["n_compared"] == 512 - 48 and rec["cond_max"] < 0.5
+
+
+@pytest.mark.parametrize("bug", ["normed_layernorm", "normed_across_heads"])
+def test_a_wrong_norm_is_found_beside_positions_that_cannot_be_normalised(bug):
+    """The same case was out of domain for any kernel before (no element compared), so these went unseen."""
+    from tests.planted.bugs import by_name
+
+    rec = run_case(by_name(bug).spec, RAMP_F16)
+    assert rec["verdict"] == "divergent" and rec["cause"] == "kernel_bug", rec["why"]
+
+
 @settings(max_examples=30, deadline=None, derandomize=True, database=None)
 @given(st.data())
 def test_explicit_values_keep_the_decays_at_or_below_one(data):
