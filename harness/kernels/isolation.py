@@ -63,6 +63,13 @@ MAX_WORKERS = 4
 START_TIMEOUT_S = 120.0
 #: Lines of the worker's output kept in a ``crashed`` record.
 TAIL_LINES = 12
+#: How long idle workers are given to exit on their own when the harness lets them go (at exit, or the least
+#: recently used beyond ``max_workers``) before they are killed. A worker that exits runs its finalizers: a
+#: library's named semaphore is unlinked (numba's thread-pool lock: killed, it was left to the resource tracker,
+#: which warned "There appear to be 1 leaked semaphore objects to clean up at shutdown" after every run with a
+#: compiled retention or gated kernel). A worker that does not exit in time (a leaked thread, a child it waits
+#: for) is killed as before.
+RETIRE_S = 2.0
 
 
 @dataclass
@@ -695,6 +702,17 @@ class Worker:
             self.close()  # a non-daemon thread would keep the worker alive; the next call gets a fresh one
         return reply
 
+    def ask_to_exit(self) -> bool:
+        """Tell an idle worker to leave its loop (it then exits as a process does, finalizers run); False when
+        it cannot be told (dead, or its pipe gone). Never for a worker in a call: that one is killed."""
+        if not self.process.is_alive():
+            return False
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            return False
+        return True
+
     def close(self) -> None:
         """Kill the worker and every process the kernel started in its group (a compile server, a helper
         it never waited for): none of them outlives the worker, whether it is closed alive or found dead."""
@@ -775,11 +793,23 @@ _WORKERS: "collections.OrderedDict[tuple, Worker]" = collections.OrderedDict()
 _LOCK = threading.RLock()
 
 
+def _retire(workers: list[Worker]) -> None:
+    """Let idle ``workers`` go: each is asked to exit, all are given `RETIRE_S` together, then each is closed
+    (what still runs in its group, the worker too if it did not exit, is killed)."""
+    asked = [w for w in workers if w.ask_to_exit()]
+    deadline = time.monotonic() + RETIRE_S
+    for w in asked:
+        w.process.join(max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        w.close()
+
+
 def _trim(keep: int) -> None:
-    """Close the least recently used workers beyond ``keep`` (the caller holds ``_LOCK``)."""
+    """Let the least recently used workers beyond ``keep`` go (the caller holds ``_LOCK``)."""
+    old = []
     while len(_WORKERS) > keep:
-        _, old = _WORKERS.popitem(last=False)
-        old.close()
+        old.append(_WORKERS.popitem(last=False)[1])
+    _retire(old)
 
 
 def worker_for(ref: KernelRef) -> Worker:
@@ -798,11 +828,11 @@ def worker_for(ref: KernelRef) -> Worker:
 
 
 def shutdown() -> None:
-    """Close every worker (at exit, and from tests)."""
+    """Let every worker go (at exit, and from tests): idle ones exit on their own within `RETIRE_S`."""
     with _LOCK:
-        while _WORKERS:
-            _, worker = _WORKERS.popitem()
-            worker.close()
+        workers = list(_WORKERS.values())
+        _WORKERS.clear()
+        _retire(workers)
 
 
 _ATEXIT = False

@@ -90,6 +90,22 @@ def starts_helper(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 HELPERS = Path(tempfile.gettempdir()) / "harness-hostile-helpers"
 
 
+def _sleep_forever() -> None:
+    time.sleep(3600)
+
+
+def keeps_a_child(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Right, but starts a non-daemon multiprocessing child that never ends (a data loader's worker), which a
+    process that exits waits for: its worker cannot leave on its own. The child's pid is a file in `HELPERS`."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=_sleep_forever, daemon=False)
+    child.start()
+    HELPERS.mkdir(exist_ok=True)
+    (HELPERS / str(child.pid)).touch()
+    return blelloch_linear_scan(a, b)
+
+
 def needs_half_a_cpu_second_on_cpu0(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Right, after half a second of CPU time on the first CPU it may use, which the test keeps busy with
     other processes: a kernel on a crowded machine, not a hung one."""

@@ -143,6 +143,44 @@ def test_a_helper_process_the_kernel_started_does_not_outlive_its_worker(tmp_pat
     assert not [pid for pid in started if _running(pid)], "the kernel's helpers outlived its worker"
 
 
+def test_an_idle_worker_that_will_not_exit_is_killed_with_what_it_started(tmp_path):
+    """Workers are let go by asking them to exit (`isolation.RETIRE_S`); one that cannot, because it waits for a
+    child the kernel started, is killed after that grace, its child with it."""
+    from harness.kernels import isolation
+    from tests.hostile.kernels import HELPERS
+
+    before = set(HELPERS.iterdir()) if HELPERS.is_dir() else set()
+    assert run_case(spec("keeps_a_child"), problem(), ISOLATED)["verdict"] == "equivalent"
+    started = [int(p.name) for p in set(HELPERS.iterdir()) - before]
+    assert len(started) == 1 and _running(started[0])
+    began = time.monotonic()
+    isolation.shutdown()
+    took = time.monotonic() - began
+    assert isolation.RETIRE_S - 0.1 <= took < isolation.RETIRE_S + 5, took  # the grace, then the kill
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _running(started[0]):
+        time.sleep(0.1)
+    assert not _running(started[0]), "the kernel's child outlived its worker"
+
+
+def test_a_compiled_kernel_s_worker_leaves_no_semaphore_to_the_resource_tracker():
+    """numba's thread pool, started in a worker by a compiled oracle-style kernel, registers a named
+    semaphore; killed at exit, the worker left it to multiprocessing's resource tracker, which warned "There
+    appear to be 1 leaked semaphore objects to clean up at shutdown" after every run with such a kernel. An
+    idle worker now exits on its own, and its finalizers unlink the semaphore."""
+    code = textwrap.dedent("""
+        from harness.kernels.registry import get
+        from harness.problems import Problem
+        from harness.runner import RunOptions, run_case
+        p = Problem(family="retention", length=16, dtype="float32", batch=1, heads=2, dk=8, dv=8, seed=1)
+        print(run_case(get("intree.sequential_retention"), p, RunOptions(isolation="process"))["verdict"])
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["equivalent"], _out(proc)
+    assert "leaked semaphore" not in proc.stderr, _out(proc)
+
+
 def test_a_leaked_thread_neither_keeps_the_harness_alive_nor_goes_unsaid(tmp_path):
     proc = harness(tmp_path, "check", "--family", "linear_scan", "--kernel", f"{KERNELS}:leaks_thread",
                    "--profile", "ci", "--dtypes", "float32", "--max-length", "32", "--max-examples", "3",
