@@ -70,6 +70,12 @@ TAIL_LINES = 12
 #: compiled retention or gated kernel). A worker that does not exit in time (a leaked thread, a child it waits
 #: for) is killed as before.
 RETIRE_S = 2.0
+#: The private memory a worker may keep beyond what it held once its kernel was loaded (bytes; None: a quarter
+#: of the machine's memory, read when first needed). A kernel that keeps what it allocates (a cache that only
+#: grows, tensors appended to a global) would grow its worker call after call until the out-of-memory killer
+#: chose a process, perhaps not the worker; past this the worker is replaced after the call and the record's
+#: ``isolation_note`` says how much it kept. Temporaries freed after a call do not count.
+RETAINED_LIMIT_BYTES: int | None = None
 
 
 @dataclass
@@ -232,6 +238,29 @@ def differentiable(args: tuple, kwargs: dict, wanted) -> tuple[list, list]:
         holder[key] = holder[key].detach().clone().requires_grad_(True)
         leaves.append(holder[key])
     return args, leaves
+
+
+def private_bytes(pid: int) -> int | None:
+    """The private resident memory of process ``pid`` in bytes (Linux's ``RssAnon``: not the shared-memory
+    arena, not mapped files), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def retained_limit() -> int:
+    """`RETAINED_LIMIT_BYTES`, or a quarter of the machine's memory (4 GiB where it cannot be read)."""
+    if RETAINED_LIMIT_BYTES is not None:
+        return RETAINED_LIMIT_BYTES
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (OSError, ValueError, AttributeError):
+        return 4 << 30
 
 
 def _leaked_threads() -> list[str]:
@@ -595,11 +624,14 @@ class Worker:
             self.process.start()
         child.close()
         self.leaked: list[str] = []
+        self.retained = 0  # bytes kept beyond `loaded_bytes` when that passed the limit (the worker is replaced)
+        self.calls = 0
         self.arena: Arena | None = None
         status, value = self._receive(START_TIMEOUT_S, starting=True)
         if status == "load_error":
             self.close()
             raise WorkerCrashed(f"the worker could not load the kernel: {value}")
+        self.loaded_bytes = private_bytes(self.process.pid)
 
     @property
     def alive(self) -> bool:
@@ -697,9 +729,15 @@ class Worker:
             raise
         _copy_back(tensors, _tensors(packed), self.arena)
         reply = (reply[0], _unpack(reply[1], self.arena, copy=True))
+        self.calls += 1
         if leaked:
             self.leaked = leaked
             self.close()  # a non-daemon thread would keep the worker alive; the next call gets a fresh one
+        else:
+            now = private_bytes(self.process.pid)
+            if now is not None and self.loaded_bytes is not None and now - self.loaded_bytes > retained_limit():
+                self.retained = now - self.loaded_bytes
+                self.close()  # before it takes the machine's memory: the next call gets a fresh one
         return reply
 
     def ask_to_exit(self) -> bool:
@@ -877,5 +915,10 @@ def run(ref: KernelRef, op: str, args: tuple, kwargs: dict, *, grad: bool = Fals
         note = ""
         if worker.leaked:
             note = f"the kernel left non-daemon threads running ({', '.join(worker.leaked)}); worker replaced"
+            _WORKERS.pop(ref.key, None)
+        elif worker.retained:
+            note = (f"the worker kept {worker.retained / 2**20:.0f} MiB more private memory after {worker.calls} "
+                    f"call(s) than once its kernel was loaded (over the {retained_limit() / 2**20:.0f} MiB "
+                    f"allowed, `isolation.RETAINED_LIMIT_BYTES`: a leak?); worker replaced")
             _WORKERS.pop(ref.key, None)
         return status, value, note

@@ -90,6 +90,15 @@ def starts_helper(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 HELPERS = Path(tempfile.gettempdir()) / "harness-hostile-helpers"
 
 
+KEPT: list[torch.Tensor] = []
+
+
+def keeps_memory(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Right, but keeps 64 MiB more on each call (tensors appended to a global: a cache that only grows)."""
+    KEPT.append(torch.ones(16 << 20, dtype=torch.float32))
+    return blelloch_linear_scan(a, b)
+
+
 def _sleep_forever() -> None:
     time.sleep(3600)
 

@@ -163,6 +163,24 @@ def test_an_idle_worker_that_will_not_exit_is_killed_with_what_it_started(tmp_pa
     assert not _running(started[0]), "the kernel's child outlived its worker"
 
 
+def test_a_worker_that_keeps_growing_is_replaced_before_it_takes_the_machine(tmp_path, monkeypatch):
+    from harness.kernels import isolation
+
+    monkeypatch.setattr(isolation, "RETAINED_LIMIT_BYTES", 150 << 20)
+    cases = [(spec("keeps_memory"), problem(seed=i)) for i in range(6)]
+    with RunStore(tmp_path / "run") as store:
+        run_cases(cases, ISOLATED, store=store)
+    stored = load_records(tmp_path / "run")
+    assert [r["verdict"] for r in stored] == ["equivalent"] * 6  # measured as ever
+    notes = [n for n in (r.get("isolation_note", "") for r in stored) if n]
+    # 64 MiB kept a call: past 150 MiB at the third call of each worker, which is then replaced (twice in 6)
+    assert len(notes) == 2, notes
+    for note in notes:
+        assert "more private memory after 3 call(s)" in note and "worker replaced" in note, note
+        assert 190 <= int(note.split("kept ")[1].split(" MiB")[0]) <= 260, note
+    isolation.shutdown()
+
+
 def test_a_compiled_kernel_s_worker_leaves_no_semaphore_to_the_resource_tracker():
     """numba's thread pool, started in a worker by a compiled oracle-style kernel, registers a named
     semaphore; killed at exit, the worker left it to multiprocessing's resource tracker, which warned "There
