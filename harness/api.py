@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from harness.errors import DivergenceError, InvalidArgument
 from harness.kernels.contract import ALL_DTYPES, Capabilities, Family, KernelSpec
@@ -35,7 +35,11 @@ def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | 
     from harness.kernels.registry import resolve_target
 
     if isinstance(target, str) and ":" not in target and target in {s.name for s in registry.all_kernels()}:
-        return registry.get(target)  # a registered kernel by name, with its declared capabilities
+        spec = registry.get(target)  # a registered kernel by name, with its declared capabilities
+        if family is not None and Family.parse(family) is not spec.family:
+            raise InvalidArgument(f"family={family!r}: kernel {target!r} is registered in family "
+                                  f"{spec.family.value!r}; leave --family out or give that one")
+        return spec
     obj = resolve_target(target) if isinstance(target, str) else target
     if isinstance(obj, KernelSpec):
         if family is not None and Family.parse(family) is not obj.family:
@@ -49,6 +53,8 @@ def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | 
                               f"expected one of {[f.value for f in Family]}")
     if not callable(obj):
         raise InvalidArgument(f"kernel={target!r} is a {type(obj).__name__}, which is not callable")
+    if name is None and not isinstance(target, str):
+        target = _script_target(obj) or target  # a function of the script being run: named (and loaded) by its file
     label = name or (target if isinstance(target, str) else getattr(obj, "__qualname__", "kernel"))
     notes: list[str] = []
     if capabilities is None:  # undeclared: what its signature says it takes (harness.signatures)
@@ -78,6 +84,49 @@ class CheckResult:
     @property
     def exit_code(self) -> int:
         return 0 if self.passed else 1
+
+
+def _script_target(fn: Callable) -> str | None:
+    """``path/to/script.py:qualname`` for a module-level function of the script run as ``__main__`` (``python
+    script.py``), else None. A worker cannot find such a function under ``__main__`` (it does not run the
+    caller's script), so the worker loads the script by its file, as a module of another name: its
+    ``if __name__ == "__main__":`` block does not run there (`harness.kernels.isolation.refuse_in_worker`
+    stops an unguarded ``harness.check`` with that advice). Relative to the working directory when inside it."""
+    import sys
+
+    if getattr(fn, "__module__", None) != "__main__" or "<" in getattr(fn, "__qualname__", "<"):
+        return None
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or not str(path).endswith(".py") or not Path(path).is_file():
+        return None
+    resolved = Path(path).resolve()
+    try:
+        shown = resolved.relative_to(Path.cwd())
+    except ValueError:
+        shown = resolved
+    return f"{shown}:{fn.__qualname__}"
+
+
+def dtype_names(dtypes: "str | torch.dtype | Iterable[str | torch.dtype] | None") -> "tuple[str, ...] | None":
+    """``dtypes`` as names: one name or a comma-separated list (``"float32"``, ``"float32,bfloat16"``), a
+    ``torch.dtype``, or an iterable of either; None stays None. Unknown names are left for
+    `validate_limits` to refuse (a string is never read as its letters)."""
+    import torch
+
+    if dtypes is None:
+        return None
+    if isinstance(dtypes, (str, torch.dtype)):
+        dtypes = (dtypes,)
+    names: list[str] = []
+    for d in dtypes:
+        if isinstance(d, torch.dtype):
+            names.append(str(d).removeprefix("torch."))
+        elif isinstance(d, str):
+            names.extend(part.strip() for part in d.split(","))
+        else:
+            raise InvalidArgument(f"dtypes contains {d!r}, a {type(d).__name__}; expected dtype names such as "
+                                  f"'float32' (or torch dtypes)")
+    return tuple(names)
 
 
 def validate_limits(*, max_examples: int | None = None, max_length: int | None = None,
@@ -117,7 +166,8 @@ class _StopSearch(BaseException):
     """Ends the hypothesis search at once (a `BaseException`, which hypothesis neither shrinks nor replays).
 
     Raised after a ``timeout``: each further attempt would cost the full timeout, and shrinking a hang
-    finds no smaller bug; the timed-out case is recorded once and saved as it was drawn.
+    finds no smaller bug; the timed-out case is recorded once and saved as it was drawn. Also when the worker
+    could not load the kernel (`isolation.LOAD_FAILED`): every case would fail the same way.
     """
 
 
@@ -194,11 +244,15 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     from harness.gradients import gradient_case
     from harness.kernels import isolation as _isolation
     from harness.runner import RunOptions, run_case as _run_case
-    from harness.settings import active_profile, limits, register_profiles
+    from harness.settings import PROFILES, active_profile, limits, register_profiles
     from harness.strategies import problems
     from harness.verdict import Judgement, Policy, Verdict, format_failure as _format_failure, judge
 
+    _isolation.refuse_in_worker("harness.check")
     register_profiles()
+    if profile is not None and profile not in PROFILES:
+        raise InvalidArgument(f"profile={profile!r} is not a profile; expected one of {list(PROFILES)}")
+    dtypes = dtype_names(dtypes)
     validate_limits(max_examples=max_examples, max_length=max_length, dtypes=dtypes, device=device)
     if shrink_deadline_s is not None and not shrink_deadline_s >= 0:
         raise InvalidArgument(f"shrink_deadline_s={shrink_deadline_s!r} must be a number >= 0 or None (no deadline)")
@@ -270,7 +324,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             if record["verdict"] in FAILING_VERDICTS:
                 failed[key], problem_of[key] = record, problem
                 first_failure[:] = first_failure or [time.monotonic()]
-                if record.get("outcome") == "timeout":
+                if record.get("outcome") == "timeout" or str(record.get("error") or "").startswith(
+                        _isolation.LOAD_FAILED):
                     result.failure = record
                     raise _StopSearch()
         if record["verdict"] in FAILING_VERDICTS:
@@ -287,6 +342,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
                                "failing case found by then.")
     except _StopSearch:
         result.message = str(fail(result.failure)) + (
+            "\n(The search stopped at this case: a kernel its worker cannot load fails every case alike.)"
+            if result.failure.get("outcome") != "timeout" else
             "\n(The search stopped at this case: a call that does not return within the timeout is not "
             "shrunk or re-run; --timeout SECONDS sets the limit.)")
     except Flaky as exc:  # a failure that did not repeat although the record cache replays it: say so

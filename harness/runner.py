@@ -150,6 +150,24 @@ def replay_command(kernel: "str | KernelSpec", problem: Problem) -> str:
             f"--problem {shlex.quote(json.dumps(problem.to_dict(), sort_keys=True))}")
 
 
+def _spec_for(spec: "KernelSpec | str", problem: Problem) -> KernelSpec:
+    """``spec`` (a registered name is looked up), refused with `InvalidArgument` when it is not one of
+    ``problem``'s family: its call would be handed another family's inputs."""
+    from harness.kernels.registry import get
+
+    if isinstance(spec, str):
+        spec = get(spec)
+    if not isinstance(spec, KernelSpec):
+        raise InvalidArgument(f"spec={spec!r} is a {type(spec).__name__}; expected a KernelSpec or a registered "
+                              f"kernel's name (harness.api.user_kernel_spec makes one of a function)")
+    if not isinstance(problem, Problem):
+        raise InvalidArgument(f"problem={problem!r} is a {type(problem).__name__}; expected a harness.Problem")
+    if spec.family is not problem.family:
+        raise InvalidArgument(f"kernel {spec.name!r} is a {spec.family.value} kernel; problem.family="
+                              f"{problem.family.value!r}: give it a {spec.family.value} problem")
+    return spec
+
+
 def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
              kernel_fn: Callable | None = None, store=None,
              keep_output: dict[str, torch.Tensor] | None = None,
@@ -160,6 +178,7 @@ def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = No
     ``inputs``: the tensors to use instead of ``problem.make_inputs()`` (in ``problem``'s dtype; the
     float64 re-run of a low-precision case passes that case's rounded inputs, upcast exactly).
     """
+    spec = _spec_for(spec, problem)
     options = options or RunOptions()
     timings: dict[str, float] = {}
     began = t0 = time.perf_counter()

@@ -213,6 +213,9 @@ def kernel_ref(spec, fn: Callable | None = None) -> tuple[KernelRef | None, str]
         if target is not None:
             return KernelRef("target", target, spec.family.value), ""
         fn = spec.callable()
+    if getattr(fn, "__module__", None) == "__main__":  # a worker does not run the caller's __main__
+        return None, ("a function of __main__ with no script file to load it from (python -c, stdin, a notebook) "
+                      "cannot be loaded in a worker")
     try:
         pickle.dumps(fn)
     except Exception as exc:  # noqa: BLE001 - a closure or lambda: only this process has it
@@ -238,6 +241,21 @@ def differentiable(args: tuple, kwargs: dict, wanted) -> tuple[list, list]:
         holder[key] = holder[key].detach().clone().requires_grad_(True)
         leaves.append(holder[key])
     return args, leaves
+
+
+_IN_WORKER = False  # set in a worker before it loads its kernel
+#: How a call's error begins when its worker could not load the kernel (every call would fail alike).
+LOAD_FAILED = "the worker could not load the kernel"
+
+
+def refuse_in_worker(what: str) -> None:
+    """Raise when called in a worker: the kernel's module started a harness run while being loaded (a script
+    whose top level calls ``harness.check``, loaded by its file because the function came from it), which
+    would start workers of its own, each loading the script again."""
+    if _IN_WORKER:
+        raise RuntimeError(f"{what} was called while a worker loaded its kernel: the kernel's file runs it at its "
+                           f"top level; put that call under `if __name__ == \"__main__\":` (the worker loads "
+                           f"the file as a module of another name, as multiprocessing does)")
 
 
 def private_bytes(pid: int) -> int | None:
@@ -426,6 +444,8 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
         os.setpgid(0, 0)
     except OSError:  # a session leader (not under a forkserver): close() then kills the worker alone
         pass
+    global _IN_WORKER
+    _IN_WORKER = True
     _die_with_parent()  # out of the harness's group, so a kill of that group no longer reaches it: this does
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
@@ -498,6 +518,7 @@ def _forkserver():
 def _context():
     """A forkserver context whose server has imported torch and this module once (cheap forks after)."""
     global _CONTEXT
+    refuse_in_worker("a harness worker start")
     if _CONTEXT is None:
         import torch.multiprocessing  # noqa: F401 - registers the shared-memory reductions of tensors
 
@@ -630,7 +651,7 @@ class Worker:
         status, value = self._receive(START_TIMEOUT_S, starting=True)
         if status == "load_error":
             self.close()
-            raise WorkerCrashed(f"the worker could not load the kernel: {value}")
+            raise WorkerCrashed(f"{LOAD_FAILED}: {value}")
         self.loaded_bytes = private_bytes(self.process.pid)
 
     @property

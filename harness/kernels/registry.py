@@ -121,7 +121,8 @@ def resolve_target(target: str) -> Callable:
     """
     if ":" not in target:
         raise InvalidArgument(
-            f"kernel={target!r} is not a target; expected 'package.module:attr' or 'path/to/file.py:attr'"
+            f"kernel={target!r} is neither a registered kernel (`harness list` names them) nor a target; expected "
+            f"a registered name or 'package.module:attr' or 'path/to/file.py:attr'"
         )
     where, _, attr = target.rpartition(":")
     from harness.kernels.triton_interpreter import interpret_if_no_gpu

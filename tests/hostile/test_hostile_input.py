@@ -87,6 +87,101 @@ def test_check_validates_its_limits_from_python_too():
             check("intree.blelloch_scan", **kwargs)
 
 
+def test_check_reads_dtypes_and_profiles_as_a_user_writes_them():
+    from harness.api import check, dtype_names
+    from harness.errors import InvalidArgument
+
+    import torch
+
+    # a string is one dtype or a comma-separated list, never its letters; torch dtypes are taken too
+    assert dtype_names("float32") == ("float32",) and dtype_names("float32, bfloat16") == ("float32", "bfloat16")
+    assert dtype_names(torch.float16) == ("float16",) and dtype_names([torch.float64, "float32"]) == ("float64",
+                                                                                                      "float32")
+    got = check("intree.blelloch_scan", dtypes="bfloat16", max_examples=2, grad=False, max_length=16)
+    assert {r["dtype"] for r in got.records} == {"bfloat16"}
+    for kwargs, says in (({"dtypes": "float8"}, "dtypes=['float8'] contains ['float8']"),
+                         ({"dtypes": [3]}, "dtypes contains 3, a int"),
+                         ({"profile": "weekly"}, "profile='weekly' is not a profile; expected one of ['dev', 'ci', "
+                                                 "'nightly']"),
+                         ({"family": "retention"}, "kernel 'intree.blelloch_scan' is registered in family "
+                                                   "'linear_scan'")):
+        with pytest.raises(InvalidArgument, match=re.escape(says)):
+            check("intree.blelloch_scan", **kwargs)
+    with pytest.raises(InvalidArgument, match="neither a registered kernel .* nor a target"):
+        check("intree.no_such_kernel")
+
+
+def test_run_case_refuses_a_kernel_of_another_family_and_takes_a_registered_name():
+    from harness.errors import InvalidArgument
+    from harness.kernels.registry import get
+
+    scan = Problem(family="linear_scan", length=5, seed=3)
+    with pytest.raises(InvalidArgument, match="'intree.retention_parallel' is a retention kernel; "
+                                              "problem.family='linear_scan'"):
+        run_case(get("intree.retention_parallel"), scan)  # was a kernel_error: retention's call on a scan's inputs
+    assert run_case("intree.blelloch_scan", scan)["verdict"] == "equivalent"
+    with pytest.raises(InvalidArgument, match="expected a KernelSpec or a registered kernel's name"):
+        run_case(len, scan)
+
+
+def _script(tmp_path: Path, guarded: bool) -> Path:
+    body = textwrap.dedent("""
+        import harness
+        from harness.kernels.blelloch import blelloch_linear_scan
+
+
+        def my_scan(a, b):
+            return blelloch_linear_scan(a, b)
+
+
+        if __name__ == "__main__" or UNGUARDED:
+            r = harness.check(my_scan, family="linear_scan", max_examples=3, grad=False, dtypes="float32",
+                              max_length=16, save_counterexample=False)
+            print("RESULT", [(x["verdict"], x["isolation"], x["kernel"]) for x in r.records])
+            print("ERROR", r.records[0].get("error"))
+    """).replace("UNGUARDED", str(not guarded))
+    path = tmp_path / ("guarded.py" if guarded else "unguarded.py")
+    path.write_text(body)
+    return path
+
+
+def _python(tmp_path: Path, *argv: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("HARNESS_ISOLATION", None)
+    proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_a_function_of_the_script_being_run_is_checked_in_a_worker(tmp_path):
+    """``python my_check.py`` with ``harness.check(my_scan, ...)``: a worker cannot find ``__main__.my_scan``
+    (it does not run the caller's script; this was a PicklingError out of check), so it loads the script by
+    its file, where the ``__main__`` block does not run."""
+    out = _python(tmp_path, str(_script(tmp_path, guarded=True)))
+    assert "RESULT [('equivalent', 'process', 'user.guarded.py:my_scan')" in out and out.count("equivalent") == 3
+
+
+def test_a_script_that_checks_at_its_top_level_is_told_to_guard_it(tmp_path):
+    """Unguarded, the worker's import of the script would start a check of its own (and workers, each
+    importing the script again): it is refused with the advice, and the search ends at its first case."""
+    out = _python(tmp_path, str(_script(tmp_path, guarded=False)))
+    assert "RESULT [('kernel_error', 'process', 'user.unguarded.py:my_scan')]" in out, out
+    assert 'put that call under `if __name__ == "__main__":`' in out and "could not load the kernel" in out
+
+
+def test_a_function_of_python_c_runs_in_process_and_says_why(tmp_path):
+    source = _script(tmp_path, guarded=True).read_text()
+    out = _python(tmp_path, "-c", source)
+    assert "'in-process: a function of __main__ with no script file to load it from" in out
+    assert out.count("'equivalent'") == 3
+
+
 def _record(tmp_path: Path) -> dict:
     from harness.kernels.registry import get
 
