@@ -96,11 +96,21 @@ def _project(args):
     return args._project
 
 
+def _directory(flag: str, path: Path) -> Path:
+    """``path``, refused with `InvalidArgument` naming ``flag`` when it or a folder above it is a file."""
+    blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise InvalidArgument(f"{flag}={str(path)!r}: {str(blocked)!r} is a file, not a directory; expected a "
+                              "directory")
+    return path
+
+
 def _run_dir(args, name: str) -> Path:
     """The run directory: ``--report-dir`` or a fresh stamped one; one that holds a run needs ``--append``."""
     from harness.store import has_records
 
-    run_dir = Path(args.report_dir) if args.report_dir else _default_run_dir(name, _project(args))
+    run_dir = _directory("--report-dir", Path(args.report_dir) if args.report_dir
+                         else _default_run_dir(name, _project(args)))
     if has_records(run_dir) and not getattr(args, "append", False):
         raise InvalidArgument(f"--report-dir={str(run_dir)!r} already holds the records of a run; pass --append to "
                               "add this run's records to it, or choose another directory")
@@ -390,7 +400,7 @@ def cmd_report(args) -> int:
 def cmd_merge(args) -> int:
     from harness.shard import merge_runs
 
-    out = Path(args.out)
+    out = _directory("--out", Path(args.out))
     if out.exists() and any(out.iterdir()):
         raise InvalidArgument(f"--out={str(out)!r} exists and is not empty; expected a new run directory")
     records = merge_runs(args.run_dirs, out, allow_missing=args.allow_missing)

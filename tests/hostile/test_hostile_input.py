@@ -78,6 +78,19 @@ def test_a_limit_that_would_silently_mean_the_default_is_a_usage_error(tmp_path,
     assert code == 2 and says in err, err
 
 
+@pytest.mark.parametrize("where", ["k.py", "k.py/run"])
+def test_a_report_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys, monkeypatch, where):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.py").write_text("x = 1\n")
+    args = check_args(tmp_path)
+    args[args.index("--report-dir") + 1] = where
+    code, _, err = run_cli(capsys, *args)  # was a FileExistsError traceback, exit 1
+    assert code == 2 and "'k.py' is a file, not a directory" in err, err
+    code, _, err = run_cli(capsys, "merge", "a", "b", "--out", where)  # was NotADirectoryError
+    assert code == 2 and f"--out={where!r}: 'k.py' is a file, not a directory" in err, err
+    assert (tmp_path / "k.py").read_text() == "x = 1\n"
+
+
 def test_check_validates_its_limits_from_python_too():
     from harness.api import check
     from harness.errors import InvalidArgument
