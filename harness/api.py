@@ -296,6 +296,9 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
         elif record.get("why"):  # the run's why: it carries the counterfactuals (eps, float64, future leak)
             judgement = Judgement(judgement.verdict, record["why"], judgement.rule)
         context: list[str] = []
+        named = named_on_larger_cases(record, result.records)
+        if named:
+            context.append(named)
         problem = problem_of.get(record.get("case"))
         if problem is not None:  # what the kernel was handed (grouped B and C, a chunk size, a state), not only the output
             context.append(f"Call: {problem.describe_call()}")
@@ -358,6 +361,31 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             result.counterexample = _save(result.failure, problem, directory=counterexample_dir,
                                           kernel_target=target)
     return result
+
+
+#: Causes that say no more than "wrong" (a shrunk case often has too few elements to name more).
+_UNNAMED_CAUSES = (None, "kernel_bug", "rounding")
+
+
+def named_on_larger_cases(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+    """A line for a failure message: the cause that failing cases of the same search were named where the
+    shrunk ``record`` is a bare ``kernel_bug``, e.g. ``constant_factor``, which needs 16 elements and so is
+    rarely named on a minimal case (a kernel off by a factor 1.001 shrinks to one element); None otherwise."""
+    import collections
+
+    if record.get("cause") != "kernel_bug":
+        return None
+    same = [r for r in records if r.get("kernel") == record.get("kernel") and r.get("verdict") == record.get("verdict")
+            and r.get("mode") == record.get("mode")]
+    named = [r for r in same if r.get("cause") not in _UNNAMED_CAUSES]
+    if not named:
+        return None
+    cause, n = collections.Counter(r["cause"] for r in named).most_common(1)[0]
+    example = max((r for r in named if r["cause"] == cause), key=lambda r: r.get("n_elements") or 0)
+    clause = str(example.get("why") or "").rsplit("; ", 1)[-1]
+    clause = clause if len(clause) <= 300 else clause[:297] + "..."
+    return (f"Named on larger cases: {cause} ({n} of the search's {len(same)} {record.get('verdict')} cases; e.g. "
+            f"{example.get('dtype')} L={example.get('length')} {example.get('regime')}: {clause})")
 
 
 def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpec, result: CheckResult, store,

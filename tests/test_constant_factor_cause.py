@@ -154,3 +154,34 @@ def test_a_half_precision_case_of_a_few_elements_is_not_named_by_a_factor():
     assert run_case(spec, tiny.replace(dtype="float32"))["cause"] == "constant_factor"
     enough = tiny.replace(length=FACTOR_MIN_ELEMENTS_KNOWN)
     assert run_case(spec, enough)["cause"] == "constant_factor"
+
+
+def scan_off_by_a_thousandth(a, b):
+    return _SCAN(a, b) * 1.001
+
+
+def test_a_check_whose_shrunk_case_is_too_small_for_a_factor_names_the_factor_of_its_larger_cases():
+    """Shrinking ends at one element, where no factor is named (`FACTOR_MIN_ELEMENTS`): the message says what
+    the search's larger failing cases were named, so the author reads "1.001 times the oracle's"."""
+    from harness.api import check
+
+    got = check(scan_off_by_a_thousandth, family="linear_scan", dtypes="float64", max_examples=5, grad=False,
+                save_counterexample=False, isolation="in-process")
+    assert got.failure is not None and got.failure["cause"] == "kernel_bug" and got.failure["n_elements"] < 16
+    assert "Named on larger cases: constant_factor (" in got.message
+    assert "the output is 1.001 times the oracle's" in got.message
+
+
+def test_the_line_is_only_for_a_bare_kernel_bug_of_the_same_kernel_and_mode():
+    from harness.api import named_on_larger_cases
+
+    shrunk = {"kernel": "k", "verdict": "divergent", "cause": "kernel_bug", "mode": None}
+    factor = dict(shrunk, cause="constant_factor", n_elements=100, dtype="float32", length=9, regime="trained",
+                  why="cond 3 > 1; constant factor: the output is -1 times the oracle's")
+    assert named_on_larger_cases(shrunk, [shrunk]) is None  # nothing more specific was seen
+    assert named_on_larger_cases(dict(shrunk, cause="eps_effect"), [factor]) is None  # the shrunk case is named
+    assert named_on_larger_cases(shrunk, [dict(factor, kernel="other")]) is None
+    assert named_on_larger_cases(shrunk, [dict(factor, mode="grad")]) is None
+    line = named_on_larger_cases(shrunk, [shrunk, factor])
+    assert line == ("Named on larger cases: constant_factor (1 of the search's 2 divergent cases; e.g. float32 L=9 "
+                    "trained: constant factor: the output is -1 times the oracle's)")
