@@ -8,7 +8,11 @@ a kernel that writes into its inputs (reported as such) cannot change the next k
 keyed on the problem without ``tf32`` and ``device`` (it always runs on the CPU in float64; ``chunk_size``
 stays in the key only where the family's bound has a term for the chunk form, `FamilyDef.chunk_term`),
 the baseline without ``tf32`` and ``chunk_size`` (it runs outside the TF32 block of `run_case` and takes
-no chunk), both on the retention convention. Entries are dropped least recently used first beyond ``max_entries``.
+no chunk), both on the retention convention. Entries are dropped least recently used first beyond ``max_entries``,
+or beyond ``max_bytes`` of tensors in one of the three caches (the newest entry always stays): a nightly problem
+at L = 32,768 holds hundreds of MB of inputs and a trace of five output-sized float64 fields, and eight of them
+kept beside a run's workers were what the out-of-memory killer found (session 12: a gated calibration killed at
+11 GB resident).
 
 The runner consults the cache only for inputs it made itself from the problem; inputs passed in (the
 float64 re-run of a low-precision case) are never looked up.
@@ -20,16 +24,46 @@ import collections
 from typing import Any, Callable
 
 
+def tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in ``value`` (dicts, lists, tuples and dataclasses such as a trace walked;
+    a storage shared by several views counted once)."""
+    import dataclasses
+
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            storage = v.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            stack.extend(getattr(v, f.name) for f in dataclasses.fields(v))
+    return total
+
+
 class OracleCache:
     """LRU caches of `Problem.make_inputs`, `harness.runner.reference_traces` and `baseline_outputs`;
     ``stats`` counts the hits and misses of the oracle and the baseline, ``input_stats`` those of the inputs."""
 
-    def __init__(self, max_entries: int = 8):
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            from harness.errors import InvalidArgument
+    def __init__(self, max_entries: int = 8, max_bytes: int = 1 << 30):
+        from harness.errors import InvalidArgument
 
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise InvalidArgument(f"max_entries={max_entries!r} must be a whole number >= 1")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise InvalidArgument(f"max_bytes={max_bytes!r} must be a whole number of bytes >= 0")
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._sizes: dict[int, dict[Any, int]] = {}  # per cache (by id): each entry's bytes
         self.stats = {"hits": 0, "misses": 0}
         self.input_stats = {"hits": 0, "misses": 0}
         self._inputs: collections.OrderedDict = collections.OrderedDict()
@@ -45,9 +79,16 @@ class OracleCache:
             return cache[key]
         stats["misses"] += 1
         value = cache[key] = compute()
-        if len(cache) > self.max_entries:
-            cache.popitem(last=False)
+        sizes = self._sizes.setdefault(id(cache), {})
+        sizes[key] = tensor_bytes(value)
+        while len(cache) > 1 and (len(cache) > self.max_entries or sum(sizes.values()) > self.max_bytes):
+            old, _ = cache.popitem(last=False)
+            sizes.pop(old, None)
         return value
+
+    def held_bytes(self) -> int:
+        """The bytes of tensors the three caches hold."""
+        return sum(sum(sizes.values()) for sizes in self._sizes.values())
 
     def inputs(self, problem):
         """`Problem.make_inputs`, drawn once per problem up to tf32 and chunk size; a fresh copy each call."""

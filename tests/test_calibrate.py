@@ -115,11 +115,15 @@ def test_the_worker_limit_is_checked_and_closes_the_least_recently_used(monkeypa
             isolation.configure(max_workers=bad)
     assert isolation.max_workers() == isolation.MAX_WORKERS
 
-    closed = []
+    closed, asked = [], []
 
     class Fake:
         def __init__(self, name):
             self.name = name
+
+        def ask_to_exit(self):  # let go idle: asked to exit first (isolation.RETIRE_S), then closed
+            asked.append(self.name)
+            return False
 
         def close(self):
             closed.append(self.name)
@@ -128,7 +132,7 @@ def test_the_worker_limit_is_checked_and_closes_the_least_recently_used(monkeypa
     isolation._WORKERS.move_to_end("a")  # used last
     try:
         isolation.configure(max_workers=2)
-        assert closed == ["b", "c"] and list(isolation._WORKERS) == ["d", "a"]
+        assert asked == closed == ["b", "c"] and list(isolation._WORKERS) == ["d", "a"]
     finally:
         isolation.configure(max_workers=isolation.MAX_WORKERS)
 

@@ -76,6 +76,11 @@ RETIRE_S = 2.0
 #: chose a process, perhaps not the worker; past this the worker is replaced after the call and the record's
 #: ``isolation_note`` says how much it kept. Temporaries freed after a call do not count.
 RETAINED_LIMIT_BYTES: int | None = None
+#: The largest shared-memory arena a worker keeps between calls (bytes). An arena grows to the largest call
+#: it served (inputs and room for as large an output); one kept at that size by each of a run's workers
+#: (one per kernel) held 7 GB of shared memory in a nightly gated calibration, which the out-of-memory killer
+#: then ended. A larger one is let go after its call and made again, as large as needed, by the next.
+ARENA_KEEP_BYTES = 256 << 20
 
 
 @dataclass
@@ -466,8 +471,8 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
             return
         if msg is None:
             return
-        if msg[0] == "arena":
-            arena = Arena(0, buffer=msg[1])
+        if msg[0] == "arena":  # a new buffer, or None: the last one let go (`ARENA_KEEP_BYTES`)
+            arena = Arena(0, buffer=msg[1]) if msg[1] is not None else None
             continue
         op, grad, args, kwargs, extra, cursor = msg
         args, kwargs, extra = _unpack((args, kwargs, extra), arena, copy=False)
@@ -751,6 +756,8 @@ class Worker:
         _copy_back(tensors, _tensors(packed), self.arena)
         reply = (reply[0], _unpack(reply[1], self.arena, copy=True))
         self.calls += 1
+        if self.arena.nbytes > ARENA_KEEP_BYTES:
+            self.release_arena()
         if leaked:
             self.leaked = leaked
             self.close()  # a non-daemon thread would keep the worker alive; the next call gets a fresh one
@@ -760,6 +767,14 @@ class Worker:
                 self.retained = now - self.loaded_bytes
                 self.close()  # before it takes the machine's memory: the next call gets a fresh one
         return reply
+
+    def release_arena(self) -> None:
+        """Let go of the shared-memory arena, here and in the worker (the next call makes one again)."""
+        self.arena = None
+        try:
+            self.conn.send(("arena", None))
+        except (OSError, ValueError):  # the worker is gone: the next call finds out
+            pass
 
     def ask_to_exit(self) -> bool:
         """Tell an idle worker to leave its loop (it then exits as a process does, finalizers run); False when
