@@ -294,7 +294,12 @@ def _grown(row: Mapping[str, Any], terms: Sequence[FailOn]) -> list[str]:
         bv, nv = row[f"base_{term.metric}"], row[f"new_{term.metric}"]
         if _grew(term, bv, nv, row["dtype"]):
             ratio = row[f"ratio_{term.metric}"]
-            how = "x" + format_value(ratio, "{:.3g}") if math.isfinite(ratio) else "to a non-finite value"
+            if math.isfinite(ratio):
+                how = "x" + format_value(ratio, "{:.3g}")
+            elif isinstance(nv, (int, float)) and math.isfinite(nv):
+                how = "from 0: no finite ratio"  # a baseline of exactly 0 (float64 bits equal), now not
+            else:
+                how = "to a non-finite value"
             out.append(f"{term.metric} grew {format_value(bv, '{:.3g}')} -> {format_value(nv, '{:.3g}')} "
                        f"({how}; allowed {term.factor:g}x by '{term.term}')")
     return out

@@ -119,6 +119,17 @@ def test_non_finite_new_value_fails():
     assert not result.passed and "0.2 -> inf" in result.failures[0]
 
 
+def test_growth_from_an_exact_zero_is_not_called_non_finite():
+    """A float64 cell whose kernel matched the oracle bit for bit (cond 0) that now errs by 3e9: the ratio has
+    no finite value, the new cond has ("to a non-finite value" read as if the kernel had returned Inf)."""
+    result = gate_records([make_record(dtype="float64", cond=0.0)], [make_record(dtype="float64", cond=3e9)],
+                          "cond:1.5x")
+    assert not result.passed and "0 -> 3e+09 (from 0: no finite ratio;" in result.failures[0]
+    inf = gate_records([make_record(dtype="float64", cond=0.0)], [make_record(dtype="float64", cond=math.inf)],
+                       "cond:1.5x")
+    assert "0 -> inf (to a non-finite value;" in inf.failures[0]
+
+
 def test_missing_cells_are_reported_and_fail_only_when_asked(tmp_path):
     base = write_run(tmp_path / "base", baseline_records())
     fewer = [r for r in baseline_records() if r["kernel"] != "sequential"] + [make_record("new_kernel")]
