@@ -168,11 +168,12 @@ def _spec_for(spec: "KernelSpec | str", problem: Problem) -> KernelSpec:
     return spec
 
 
-def run_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
+def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | None = None, *,
              kernel_fn: Callable | None = None, store=None,
              keep_output: dict[str, torch.Tensor] | None = None,
              inputs: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
-    """Run ``spec`` (or ``kernel_fn`` in its place) on ``problem``; return the flat record.
+    """Run ``spec`` (a `KernelSpec` or a registered kernel's name; or ``kernel_fn`` in its place) on ``problem``;
+    return the flat record. A kernel of another family than the problem's is an `InvalidArgument`.
 
     ``keep_output``: a dict that receives the kernel's output under ``"output"`` (differential mode).
     ``inputs``: the tensors to use instead of ``problem.make_inputs()`` (in ``problem``'s dtype; the
