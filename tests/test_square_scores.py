@@ -108,3 +108,49 @@ def test_the_calibration_fits_a_long_problem_to_a_square_form(calibrate):
     assert recurrent.length == 32768
     small = base.replace(length=100, chunk_size=33, batch=1, heads=1)  # far below: unchanged
     assert calibrate._fit(small, registry.get("intree.retention_chunkwise")) == small
+
+
+_PEAK_SCRIPT = """
+import resource, torch
+from harness.kernels import retnet_forms
+retnet_forms.INNER_BLOCK_ELEMENTS = 2**20  # one chunk of 1,024 at a time
+c, L = 1024, 16384
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, L, 1, 2, generator=g, dtype=torch.float64) for _ in range(3))
+one = retnet_forms.retention_chunkwise(q[:, :c], k[:, :c], v[:, :c], c)  # one chunk's own memory, touched
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+whole = retnet_forms.retention_chunkwise(q, k, v, c)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def test_the_chunkwise_form_holds_one_chunk_s_scores_at_a_time_not_the_sequence_s():
+    """The nightly calibration's kill: `intree.retention_normed_chunkwise`, float64, L = 25,457, chunk 4,729
+    (within the square budget) formed all six chunks' scores at once, 6.4 GB per tensor, and was killed
+    for memory. Now its peak past one chunk's is flat in L: 16 chunks of 1,024 formed one at a time add
+    nothing to the peak of one (231 MB when formed at once). glibc's dynamic mmap threshold is fixed so
+    that freed blocks are returned and the peak is the kernel's, not the allocator's."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    grown_mib = float(done.stdout.split()[-1])
+    assert grown_mib < 32, f"the peak grew {grown_mib:.0f} MiB past one chunk's"
+
+
+def test_chunks_formed_in_groups_give_what_they_give_at_once(monkeypatch):
+    """Grouping the chunks changes memory, not the algebra: the same outputs to rounding, any chunk count."""
+    import torch
+
+    from harness.kernels import retnet_forms
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 301, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    at_once = retnet_forms.retention_chunkwise(q, k, v, 16)
+    monkeypatch.setattr(retnet_forms, "INNER_BLOCK_ELEMENTS", 2 * 3 * 16 * 16 * 3)  # three chunks a group
+    grouped = retnet_forms.retention_chunkwise(q, k, v, 16)
+    torch.testing.assert_close(grouped, at_once, rtol=1e-13, atol=1e-13)

@@ -46,6 +46,13 @@ __all__ = [
 
 GammaArg = float | Sequence[float] | torch.Tensor | None
 
+#: Elements of (chunk x chunk) scores `retention_chunkwise` forms at once, over batch rows, heads and
+#: chunks (128 MiB in float64). Forming every chunk's scores at once holds L x chunk per row and head:
+#: at L = 25,457 with a chunk of 4,729 (legal: one chunk's scores fit the strategies' square budget)
+#: that is 6.4 GB per tensor in float64, and the nightly calibration saw this correct kernel killed for
+#: memory. A chunk larger than the budget is still formed whole: its memory is the chunk's own square.
+INNER_BLOCK_ELEMENTS = 2**24
+
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
@@ -133,7 +140,9 @@ def retention_chunkwise(
     Within a chunk of c positions (j = 0..c-1): ``o = ((scale q k^T) * Dmask_c) v + (scale q * gamma^(j+1)) R``
     where R is the state after the previous chunks, carried as ``R <- gamma^c R + (k * gamma^(c-1-j))^T v``.
     A partial last chunk is zero-padded at its end: padded keys and values sit after every real query,
-    so the causal mask hides them, and the state after the last chunk is never read.
+    so the causal mask hides them, and the state after the last chunk is never read. The within-chunk
+    scores are formed for as many chunks at once as `INNER_BLOCK_ELEMENTS` allows (every chunk at the
+    usual sizes; one at a time for long chunks), so memory is one chunk's scores, not the sequence's.
     """
     chunk_size = _positive_int(chunk_size)
     batch, length, heads, dk, dv = _check_qkv(q, k, v)
@@ -157,7 +166,9 @@ def retention_chunkwise(
     from_state = _powers(gammas, j + 1).to(device=device, dtype=dtype)[None, :, None, :, None]
     chunk_decay = _powers(gammas, torch.tensor(c)).to(device=device, dtype=dtype)[None, :, None, None]
 
-    inner = ((qc @ kc.transpose(-1, -2)) * mask) @ vc  # (batch, heads, chunks, c, dv)
+    group = max(1, INNER_BLOCK_ELEMENTS // (batch * heads * c * c))  # chunks whose scores are formed at once
+    inner = torch.cat([((qc[:, :, a:a + group] @ kc[:, :, a:a + group].transpose(-1, -2)) * mask)
+                       @ vc[:, :, a:a + group] for a in range(0, chunks, group)], dim=2)  # (batch, heads, chunks, c, dv)
     contributions = (kc * into_state).transpose(-1, -2) @ vc  # (batch, heads, chunks, dk, dv)
     state = torch.zeros(batch, heads, dk, dv, dtype=dtype, device=device)
     states = [state]
