@@ -273,6 +273,14 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         cause, judgement = _precision_counterfactual(spec, problem, inputs, options, kernel_fn, record, judgement,
                                                      precision)
         timings["t_other_dtype"] = time.perf_counter() - t0
+    if (cause == "kernel_bug" and not record.get("future_leak") and options.precision_counterfactual
+            and precision == "float64"):
+        t0 = time.perf_counter()
+        found = _undeclared_precision(problem, outputs, traces, baselines, options, record)
+        timings["t_undeclared_precision"] = time.perf_counter() - t0
+        if found is not None:
+            cause, judgement = ("undeclared_precision",
+                                Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule))
     if cause in ("kernel_bug", "precision_loss") and not record.get("future_leak") and chunked is not None:
         t0 = time.perf_counter()
         found = _chunked_bound(chunked, outputs, baselines, precision, options, record)
@@ -776,6 +784,27 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
                   f"the form, not of the inputs: the exact state and output are in range)")
     why = f"{judgement.why}; precision loss: {found}{factor}"
     return "precision_loss", Judgement(judgement.verdict, why, judgement.rule)
+
+
+def _undeclared_precision(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
+                          baselines: dict[str, Any] | None, options: RunOptions, record: dict[str, Any]) -> str | None:
+    """Whether a divergent float64 output is float32's rounding: the why's clause if so, else None.
+
+    A kernel that computes in float32 whatever its input (a fused kernel's float32 accumulators and
+    log-decays, a ``.float()`` before the loop) errs about 5e8 times float64's bound on every float64 case,
+    from the first step: not an algebraic mistake, and the second-dtype rerun does not say so (its float32
+    run is equivalent, its float64 cond error 5e8 times larger). The same output is judged once more
+    against the oracle at float32's bound; equivalent there, the cause is ``undeclared_precision`` and the
+    record has ``float32_bound_cond_max``. The verdict stays divergent: the kernel does not compute what a
+    float64 kernel must, and says nothing of it (`Capabilities.computes_in` declares it, and the case is
+    then held to float32's rounding, as torchscale's float32 norm is)."""
+    div, judgement = _judge_outputs(problem, outputs, traces, baselines, "float32", options)
+    record["float32_bound_cond_max"] = div.cond_max
+    if judgement.verdict is not Verdict.EQUIVALENT:
+        return None
+    return (f"undeclared precision: within float32's rounding bound (cond_max {div.cond_max:.3g} in float32's units): "
+            "the kernel computes in float32 whatever its input; declare Capabilities(computes_in={'float64': "
+            "'float32'}) in a KernelSpec, or compute in float64")
 
 
 def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:

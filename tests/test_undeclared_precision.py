@@ -1,0 +1,81 @@
+"""A float64 case of a kernel that computes in float32 and does not say so: ``undeclared_precision``.
+
+Found as a new user would: a chunkwise retention written as fused kernels are (float32 log-decays and
+accumulators, the output cast back to the input dtype), checked with `harness check`, failed every float64
+case from L=1 with cond 5.3e7 and the cause ``kernel_bug``: the second-dtype rerun saw its float32 run
+equivalent and its float64 cond error 5e8 times larger, as a mistake's would be. The same output judged at
+float32's bound is equivalent: the cause now says so, with the declaration that fixes it. A mistake in
+such a kernel is still a ``kernel_bug`` (or its own cause), and a kernel that declares
+``computes_in={"float64": "float32"}`` is held to float32's rounding and passes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.api import user_kernel_spec
+from harness.kernels import registry
+from harness.kernels.contract import Capabilities, Family, KernelSpec
+from harness.problems import Problem
+from harness.runner import RunOptions, run_case
+
+_PARALLEL = registry.get("intree.retention_parallel").callable()
+_GLA = registry.get("intree.sequential_gla").callable()
+
+
+def retention_in_float32(q, k, v):
+    return _PARALLEL(q.float(), k.float(), v.float()).to(q.dtype)
+
+
+def retention_in_float32_one_step_late(q, k, v):
+    """Computes in float32, and applies each key one step late: a mistake, whatever the precision."""
+    late = [torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1).float() for x in (k, v)]
+    return _PARALLEL(q.float(), *late).to(q.dtype)
+
+
+def gla_in_float32(q, k, v, g, initial_state=None, output_final_state=False):
+    o, s = _GLA(q.float(), k.float(), v.float(), g.float(), initial_state=None if initial_state is None
+                else initial_state.float(), output_final_state=output_final_state)
+    return o.to(q.dtype), (None if s is None else s.to(q.dtype))
+
+
+RETENTION = Problem(family="retention", length=200, dtype="float64", batch=2, heads=3, dk=8, dv=5, seed=4)
+OPTIONS = RunOptions(timeout_s=None, isolation="in-process")
+
+
+@pytest.mark.parametrize("length", [1, 200])
+def test_a_float64_case_of_a_float32_kernel_names_the_precision(length):
+    spec = user_kernel_spec(retention_in_float32, family="retention")
+    record = run_case(spec, RETENTION.replace(length=length), OPTIONS)
+    assert record["verdict"] == "divergent" and record["cond_max"] > 1e6
+    assert record["cause"] == "undeclared_precision", record["why"]
+    assert record["float32_bound_cond_max"] <= 1
+    assert "computes_in={'float64': 'float32'}" in record["why"]
+
+
+def test_a_gated_kernel_with_a_float32_state_is_named_too():
+    spec = user_kernel_spec(gla_in_float32, family="gla")
+    problem = Problem(family="gla", length=90, dtype="float64", batch=1, heads=2, dk=6, dv=4, seed=7,
+                      final_state=True)
+    record = run_case(spec, problem, OPTIONS)
+    assert record["verdict"] == "divergent" and record["cause"] == "undeclared_precision", record["why"]
+
+
+def test_a_mistake_in_a_float32_kernel_is_not_called_a_precision():
+    spec = user_kernel_spec(retention_in_float32_one_step_late, family="retention")
+    record = run_case(spec, RETENTION, OPTIONS)
+    assert record["verdict"] == "divergent" and record["cause"] != "undeclared_precision", record["why"]
+    assert record["float32_bound_cond_max"] > 1
+
+
+def test_the_same_kernel_declaring_float32_is_held_to_float32_and_passes():
+    spec = KernelSpec(name="user.declared_float32", family=Family.RETENTION, load=lambda: retention_in_float32,
+                      capabilities=Capabilities(computes_in={"float64": "float32"}))
+    record = run_case(spec, RETENTION, OPTIONS)
+    assert record["verdict"] == "equivalent" and record["precision"] == "float32", record["why"]
+
+
+def test_a_float64_kernel_is_never_asked():
+    record = run_case(registry.get("intree.retention_chunkwise"), RETENTION.replace(chunk_size=16), OPTIONS)
+    assert record["verdict"] == "equivalent" and "float32_bound_cond_max" not in record
