@@ -79,3 +79,37 @@ def test_the_same_kernel_declaring_float32_is_held_to_float32_and_passes():
 def test_a_float64_kernel_is_never_asked():
     record = run_case(registry.get("intree.retention_chunkwise"), RETENTION.replace(chunk_size=16), OPTIONS)
     assert record["verdict"] == "equivalent" and "float32_bound_cond_max" not in record
+
+
+def test_small_mistakes_hidden_by_float32_s_wider_bound_are_not_called_a_precision():
+    """The ci calibration's cases where a planted bug of a float64 kernel lies within float32's bound: the
+    `tiny` regime (outputs near 1e-200, float32's bound absolute there) and a float16 state whose outputs all
+    underflow to 0, as its float32 run's do. Neither is named; the planted bugs stay ``kernel_bug``."""
+    from tests.planted.bugs import scan_fp16_state
+
+    tiny_scan = Problem(family="linear_scan", length=1, dtype="float64", batch=2, dim=7, regime="tiny", seed=2030441878)
+    record = run_case(user_kernel_spec(scan_fp16_state, family="linear_scan"), tiny_scan, OPTIONS)
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert record["float32_bound_cond_max"] <= 1  # within float32's bound: the first test alone would name it
+
+    def retention_scale_by_dv(q, k, v):  # the planted bug: scale dv**-0.5 instead of dk**-0.5
+        return _PARALLEL(q, k, v, scale=v.shape[-1] ** -0.5)
+
+    tiny_retention = Problem(family="retention", length=31, dtype="float64", batch=2, heads=1, dk=5, dv=8,
+                             regime="tiny", seed=1290225236)
+    record = run_case(user_kernel_spec(retention_scale_by_dv, family="retention"), tiny_retention,
+                      RunOptions(timeout_s=None, isolation="in-process", factor_counterfactual=False))
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert record["float32_bound_cond_max"] <= 1
+
+
+def test_a_float64_kernel_s_mistake_below_float32_s_bound_is_not_called_a_precision():
+    """A float64 kernel off by a relative 1e-9 (a constant nudged in its last digits): within float32's
+    bound on ordinary inputs, so only its own float32 run, which differs from its float64 output by the
+    inputs' rounding (~1e-8), tells it from a kernel that computes in float32 (the same bits)."""
+    def nudged(q, k, v):
+        return _PARALLEL(q, k, v) * (1 + 1e-9)
+
+    record = run_case(user_kernel_spec(nudged, family="retention"), RETENTION, OPTIONS)
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert record["float32_bound_cond_max"] <= 1 and record["float32_run_distance"] > 0
