@@ -285,18 +285,64 @@ class KernelSpec:
 _LOADED: dict[tuple[str, int], Callable | KernelUnavailable] = {}
 
 
-def _with_version(source: str) -> str:
-    """`` with <dist> <version>`` for a kernel from an installed distribution, else "": a package that
-    fails to load often does so only in some of its published versions (fla-core 0.5.x does not import
-    under triton 3.9: an autotuner key names a parameter its kernel lacks)."""
+def package_version(source: str) -> str:
+    """``<dist> <version>`` for a kernel from an installed distribution, else "": a package that fails to
+    load often does so only in some of its published versions (fla-core 0.5.x does not import under
+    triton 3.9: an autotuner key names a parameter its kernel lacks). When its import name is answered by
+    another copy first on ``sys.path`` (an older ``flash-linear-attention`` with the same ``fla``, a
+    folder on PYTHONPATH), that copy is named too: the installed version is then not what failed."""
     from importlib import metadata
 
     if source in ("intree", "user") or source.startswith("entry-point:"):
         return ""
     try:
-        return f" with {source} {metadata.version(source)}"
+        dist = metadata.distribution(source)
     except (metadata.PackageNotFoundError, ValueError):
         return ""
+    return f"{source} {dist.version}{_imported_elsewhere(dist)}"
+
+
+def _with_version(source: str) -> str:
+    """`` with `` `package_version`, or ""."""
+    text = package_version(source)
+    return f" with {text}" if text else ""
+
+
+def _top_level_names(dist) -> list[str]:
+    """The import names a distribution installs (``top_level.txt``, else the first parts of its files)."""
+    listed = (dist.read_text("top_level.txt") or "").split()
+    if listed:
+        return listed
+    names = {str(f).split("/")[0] for f in dist.files or () if not str(f).startswith("..")}
+    return sorted(n.removesuffix(".py") for n in names if not n.endswith((".dist-info", ".egg-info", ".pth"))
+                  and "." not in n.removesuffix(".py") and n != "__pycache__")
+
+
+def _imported_elsewhere(dist) -> str:
+    """`` (but <name> is imported from <dir>: <other dist> <version>)`` when an import name of ``dist``
+    resolves outside its install location, else ""."""
+    import importlib.util
+    from importlib import metadata
+    from pathlib import Path
+
+    home = Path(str(dist.locate_file(""))).resolve()
+    for name in _top_level_names(dist):
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = found.origin if found is not None and found.has_location else None
+        if origin is None or Path(origin).resolve().is_relative_to(home):
+            continue
+        where = Path(origin).resolve().parent if Path(origin).name == "__init__.py" else Path(origin).resolve()
+        owner = ""
+        for other in metadata.distributions():
+            base = Path(str(other.locate_file(""))).resolve()
+            if where.is_relative_to(base) and name in _top_level_names(other):
+                owner = f": {other.metadata['Name']} {other.version}"
+                break
+        return f" (but {name!r} is imported from {where}{owner})"
+    return ""
 
 
 def _load_cached(spec: KernelSpec) -> Callable:
@@ -368,13 +414,23 @@ def on_device(fn: Callable) -> Callable:
 
 
 def require_module(module: str, *, package: str | None = None):
-    """Import ``module`` or raise `KernelUnavailable` naming the pip package to install."""
+    """Import ``module`` or raise `KernelUnavailable` naming the pip package to install, or, when the
+    package is there, the dependency it lacks or the module its version does not have."""
     import importlib
+    import importlib.util
 
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         pkg = package or module.split(".")[0]
+        top, missing = module.split(".")[0], getattr(exc, "name", None) or ""
+        if missing and missing != top and not missing.startswith(top + "."):
+            raise KernelUnavailable(  # the package is there; something it imports is not
+                f"{package_version(pkg) or repr(pkg)} does not import: {module} needs {missing!r}, which is not "
+                f"installed ({exc}); `pip install {missing.split('.')[0]}`") from None
+        if missing.startswith(top + ".") and importlib.util.find_spec(top) is not None:
+            raise KernelUnavailable(f"{package_version(pkg) or repr(pkg)} has no module {missing!r} ({exc}): another "
+                                    "version than the adapter's") from None
         raise KernelUnavailable(f"package {pkg!r} is not installed ({exc}); `pip install {pkg}`") from None
 
 

@@ -70,7 +70,8 @@ import torch
 
 from harness.errors import InvalidArgument, KernelUnavailable
 from harness.kernels import triton_interpreter
-from harness.kernels.contract import Capabilities, Family, KernelSpec, require_module, retnet_gammas
+from harness.kernels.contract import (Capabilities, Family, KernelSpec, package_version, require_module,
+                                     retnet_gammas)
 
 __all__ = ["KERNELS"]
 
@@ -131,7 +132,9 @@ def _probe(name: str, fn: Callable) -> None:
         fn(q, q.flip(1), q)
     except Exception as exc:  # noqa: BLE001 - whatever the package raises is the reason
         where = "Triton interpreter cannot run" if _interpreted() else "fla cannot run"
-        raise KernelUnavailable(f"{where} {name}: {type(exc).__name__}: {exc}{_where(exc)}") from None
+        version = package_version(PACKAGE)
+        raise KernelUnavailable(f"{where} {name}{f' ({version})' if version else ''}: {type(exc).__name__}: {exc}"
+                                f"{_where(exc)}") from None
 
 
 def _log_gamma(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
