@@ -73,3 +73,22 @@ def test_a_missing_submodule_names_the_version_that_lacks_it(tmp_path, monkeypat
 def test_a_package_that_is_not_there_is_still_called_not_installed():
     with pytest.raises(KernelUnavailable, match=r"package 'harness-absent' is not installed .*`pip install harness-absent`"):
         require_module("harness_absent_pkg_xyz.ops", package="harness-absent")
+
+
+def test_a_package_that_imports_its_own_module_as_top_level_is_not_told_to_install_it(tmp_path, monkeypatch):
+    """mambapy 0.1.0's ``mambapy/mamba.py`` says ``from pscan import pscan``: "`pip install pscan`" would
+    install an unrelated package, if any; the reason says it is the version's packaging bug."""
+    root = _dist(tmp_path / "site", "harness-fake", "0.1", "harnessfake")
+    (root / "harnessfake" / "scan.py").write_text("X = 1\n")
+    (root / "harnessfake" / "model.py").write_text("from scan import X\n")
+    monkeypatch.setattr(sys, "path", [str(root), *sys.path])
+    importlib.invalidate_caches()
+    try:
+        with pytest.raises(KernelUnavailable) as err:
+            require_module("harnessfake.model", package="harness-fake")
+    finally:
+        for name in [n for n in sys.modules if n.startswith("harnessfake")]:
+            sys.modules.pop(name)
+    message = str(err.value)
+    assert "harness-fake 0.1 does not import: harnessfake.model imports its own module 'scan' as a top-level" in message
+    assert "pip install scan" not in message

@@ -418,12 +418,20 @@ def require_module(module: str, *, package: str | None = None):
     package is there, the dependency it lacks or the module its version does not have."""
     import importlib
     import importlib.util
+    from pathlib import Path
 
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         pkg = package or module.split(".")[0]
         top, missing = module.split(".")[0], getattr(exc, "name", None) or ""
+        home = importlib.util.find_spec(top) if missing else None
+        own = [Path(d) / missing.split(".")[0] for d in (home.submodule_search_locations or ())] if home else []
+        if missing and missing != top and any(p.is_dir() or p.with_suffix(".py").is_file() for p in own):
+            raise KernelUnavailable(  # mambapy 0.1.0's `from pscan import pscan` inside mambapy/mamba.py
+                f"{package_version(pkg) or repr(pkg)} does not import: {module} imports its own module {missing!r} "
+                f"as a top-level one ({exc}), which works only from inside its folder: a packaging bug of this "
+                "version; install another") from None
         if missing and missing != top and not missing.startswith(top + "."):
             raise KernelUnavailable(  # the package is there; something it imports is not
                 f"{package_version(pkg) or repr(pkg)} does not import: {module} needs {missing!r}, which is not "

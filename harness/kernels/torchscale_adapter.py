@@ -66,6 +66,7 @@ from harness.kernels.contract import (
     Lengths,
     RetentionConvention,
     inverse_sqrt_scale,
+    package_version,
     require_module,
 )
 
@@ -122,7 +123,9 @@ def _import_retnet():
         try:
             return importlib.import_module("torchscale.architecture.retnet")
         except ImportError as exc:
-            raise KernelUnavailable(f"torchscale.architecture.retnet cannot be imported: {exc}") from None
+            version = package_version(PACKAGE)
+            raise KernelUnavailable(f"torchscale.architecture.retnet cannot be imported{f' ({version})' if version else ''}: "
+                                    f"{exc}") from None
     finally:
         for name in added:
             sys.modules.pop(name, None)
