@@ -126,8 +126,12 @@ def load_case(path: str | Path) -> SavedCase:
         if data.get(key) is not None and not isinstance(data[key], str):
             raise InvalidArgument(f"case file {str(path)!r}: {key}={data[key]!r} is not a string")
     found = data.get("found", {})
-    return SavedCase(path, data["kernel"], data.get("kernel_target"), problem_from_json(data["problem"], str(path)),
-                     data.get("expect", "equivalent"), found if isinstance(found, dict) else {})
+    problem = problem_from_json(data["problem"], str(path))
+    if data.get("family") is not None and data["family"] != problem.family.value:  # two answers: say which
+        raise InvalidArgument(f"case file {str(path)!r}: family={data['family']!r} but its problem's family is "
+                              f"{problem.family.value!r}; expected the same family in both (an edited file?)")
+    return SavedCase(path, data["kernel"], data.get("kernel_target"), problem, data.get("expect", "equivalent"),
+                     found if isinstance(found, dict) else {})
 
 
 def saved_cases(directory: Path | None = None) -> list[Path]:

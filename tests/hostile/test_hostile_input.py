@@ -225,8 +225,11 @@ def _record(tmp_path: Path) -> dict:
     (json.dumps({"kernel": "intree.gla_chunk", "problem": {"family": "gla", "length": 16, "chunk_size": 4,
                                                           "cu_seqlens": [0, "8", 16]}}).encode(),
      "cu_seqlens=[0, '8', 16] must be a list of integers"),
+    (json.dumps({"kernel": "intree.blelloch_scan", "family": "ssd",
+                 "problem": {"family": "linear_scan", "length": 5}}).encode(),
+     "family='ssd' but its problem's family is 'linear_scan'"),
 ], ids=["not-utf8", "groups-x", "problem-string", "list", "not-json", "kernel-not-string", "length-1e9",
-        "batch-1e8", "seed-2-80", "length-true", "values-string", "cu_seqlens-string"])
+        "batch-1e8", "seed-2-80", "length-true", "values-string", "cu_seqlens-string", "family-disagrees"])
 def test_a_malformed_case_file_is_a_usage_error(tmp_path, capsys, content, says):
     path = tmp_path / "case.json"
     path.write_bytes(content)
