@@ -223,6 +223,11 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
           isolation: str | None = None) -> CheckResult:
     """Run the property-based search on one kernel; never raises for what the kernel does.
 
+    One search over ``dtypes`` (all the kernel runs, when None) with the profile's examples, drawn where its
+    cond_max target leads: `harness check` calls this once per dtype so that each gets the profile's
+    examples; pass one dtype per call for the same. A failure's counterexample file is per kernel, family
+    and dtype (`harness.cases.counterexample_path`).
+
     ``grad``: also check, for each case whose forward is equivalent, the gradient of every differentiable
     input against float64 autograd through the oracle (`harness.gradients`), when the kernel's output is
     differentiable (a user's kernel is tried; a registered one follows its ``autograd`` declaration). The
@@ -272,9 +277,12 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     if max_length is None and slow:
         max_length = lim.slow_max_length
     target = fn if isinstance(fn, str) else None
-    where = None
-    if save_counterexample:
-        where = counterexample_path(spec.name, spec.family.value, directory=counterexample_dir, kernel_target=target)
+
+    def where(record: dict[str, Any]) -> Path | None:  # the failing case's file: one per kernel, family and dtype
+        if not save_counterexample:
+            return None
+        return counterexample_path(spec.name, spec.family.value, directory=counterexample_dir, kernel_target=target,
+                                   dtype=record.get("dtype"))
     failed: dict[str, dict[str, Any]] = {}  # problem key -> its failing record (hypothesis replays failures)
     problem_of: dict[str, Any] = {}
     first_failure: list[float] = []  # when the first failure was seen: the shrink phase starts there
@@ -285,11 +293,12 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
 
     def fail(record: dict[str, Any]):
         result.failure = record
-        replay = f"harness replay {where}" if where is not None else record["replay"]
-        if where is not None and target is not None:
+        path = where(record)
+        replay = f"harness replay {path}" if path is not None else record["replay"]
+        if path is not None and target is not None:
             import shlex
 
-            replay = f"harness replay {shlex.quote(str(where))} --kernel {shlex.quote(target)}"
+            replay = f"harness replay {shlex.quote(str(path))} --kernel {shlex.quote(target)}"
         judgement = judge(record, options.policy)
         if judgement.verdict.value != record["verdict"]:  # a second target (the final state) judged the case
             judgement = Judgement(Verdict(record["verdict"]), record["why"], "final_state")
@@ -355,7 +364,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
                       error=f"hypothesis saw this kernel fail and then pass on the same inputs ({type(exc).__name__})")
         result.failure = record
         result.message = str(fail(record))
-    if result.failure is not None and where is not None:
+    if result.failure is not None and save_counterexample:
         problem = problem_of.get(result.failure.get("case"))
         if problem is not None:
             result.counterexample = _save(result.failure, problem, directory=counterexample_dir,

@@ -48,16 +48,18 @@ def _slug(text: str) -> str:
 
 
 def counterexample_path(kernel: str, family: str, *, directory: Path | None = None,
-                        kernel_target: str | None = None) -> Path:
-    """Where the counterexample of one kernel (and target) and family is saved.
+                        kernel_target: str | None = None, dtype: str | None = None) -> Path:
+    """Where the counterexample of one kernel (and target), family and dtype is saved.
 
-    ``<slug>--<family>--<hash>.json``: the slug keeps the name readable, the hash of the full kernel
-    name, target and family keeps two kernels whose names share their first 80 characters (or differ
-    only in characters the slug drops) from writing the same file. The same kernel and family always
-    map to the same file, so a later, smaller counterexample replaces the earlier one.
+    ``<slug>--<family>[--<dtype>]--<hash>.json``: the slug keeps the name readable, the hash of the full
+    kernel name, target, family (and dtype) keeps two kernels whose names share their first 80
+    characters (or differ only in characters the slug drops) from writing the same file. The same
+    kernel, family and dtype always map to the same file, so a later, smaller counterexample replaces the
+    earlier one, and a check that fails in two dtypes keeps both (`harness check` searches each dtype).
     """
-    digest = hashlib.sha256(json.dumps([kernel, kernel_target, family]).encode()).hexdigest()[:10]
-    return Path(directory or counterexamples_dir()) / f"{_slug(kernel)}--{family}--{digest}.json"
+    key = [kernel, kernel_target, family] + ([dtype] if dtype else [])
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:10]
+    return Path(directory or counterexamples_dir()) / f"{_slug(kernel)}--{family}{f'--{dtype}' if dtype else ''}--{digest}.json"
 
 
 def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: Path | None = None,
@@ -68,7 +70,8 @@ def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: 
     ``kernel_target`` (``path.py:attr``) is stored for kernels that are not registered by name.
     """
     kernel = record["kernel"]
-    path = counterexample_path(kernel, problem.family.value, directory=directory, kernel_target=kernel_target)
+    path = counterexample_path(kernel, problem.family.value, directory=directory, kernel_target=kernel_target,
+                               dtype=problem.dtype)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "kernel": kernel,

@@ -168,3 +168,38 @@ def test_a_sharded_check_splits_its_searches_by_dtype_and_merges_to_the_one_job_
 def test_a_check_shard_with_no_search_left_writes_an_empty_run(tmp_path, capsys):
     run_dir = _check(tmp_path, "empty", "4/4")  # three dtypes, four jobs: the fourth has nothing to do
     assert load_records(run_dir) == [] and "no (kernel, dtype) search falls to this job" in capsys.readouterr().err
+
+
+def test_an_unsharded_check_is_the_one_job_run_each_dtype_its_own_search(tmp_path):
+    """``harness check`` without ``--shard`` runs what ``--shard 1/1`` runs: one search per dtype, each with
+    the profile's examples. Before, one search over every dtype spent its 25 ci cases as its cond_max
+    target drew it (a selective scan: float32 14, float64 8, bfloat16 2, float16 1; yet-another-retnet's
+    parallel form: bfloat16 27, float16 8, float64 6, float32 1): a bug of the dtype that got one case was
+    seen by chance."""
+    whole, unsharded = _check(tmp_path, "whole", "1/1"), _check(tmp_path, "unsharded", None)
+    records = load_records(unsharded)
+    assert _by_key(records) == _by_key(load_records(whole))
+    counts = {d: sum(r["dtype"] == d for r in records) for d in ("float64", "float32", "float16")}
+    assert counts == {"float64": 3, "float32": 3, "float16": 3}, counts  # --max-examples 3, per dtype
+
+
+def test_a_check_that_fails_in_two_dtypes_keeps_a_counterexample_for_each(tmp_path, capsys):
+    """Each dtype's shrunk failure has its own file (``--<dtype>--`` in the name) and its own replay line:
+    one file per kernel and family had the second dtype's case overwrite the first's, while the first
+    message still pointed at it."""
+    import json
+
+    from harness.cli import main
+
+    target = f"{__file__.rsplit('/', 1)[0]}/planted/bugs.py:scan_drops_carry_after_block_8"
+    code = main(["check", "--kernel", target, "--family", "linear_scan", "--dtypes", "float64,float32",
+                 "--profile", "ci", "--max-examples", "25", "--no-grad", "--in-process", "--shrink-deadline", "30",
+                 "--cases-dir", str(tmp_path / "cases"), "--report-dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert code == 1
+    files = sorted((tmp_path / "cases").glob("*.json"))
+    assert [f.name.split("--")[2] for f in files] == ["float32", "float64"], files
+    for f in files:
+        case = json.loads(f.read_text())
+        assert case["problem"]["dtype"] == f.name.split("--")[2]
+        assert f"counterexample saved: {f}" in out
