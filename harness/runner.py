@@ -276,12 +276,12 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
     if (cause == "kernel_bug" and not record.get("future_leak") and options.precision_counterfactual
             and precision == "float64"):
         t0 = time.perf_counter()
-        found = _undeclared_precision(spec, problem, inputs, outputs, traces, baselines, options, kernel_fn, worker,
-                                      record)
+        named, found = _undeclared_precision(spec, problem, inputs, outputs, traces, baselines, options, kernel_fn,
+                                             worker, record)
         timings["t_undeclared_precision"] = time.perf_counter() - t0
         if found is not None:
-            cause, judgement = ("undeclared_precision",
-                                Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule))
+            cause = "undeclared_precision" if named else cause
+            judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
     if cause in ("kernel_bug", "precision_loss") and not record.get("future_leak") and chunked is not None:
         t0 = time.perf_counter()
         found = _chunked_bound(chunked, outputs, baselines, precision, options, record)
@@ -797,8 +797,8 @@ SELF_AGREEMENT = 1e-3
 def _undeclared_precision(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
                           outputs: dict[str, Any], traces: dict[str, Any], baselines: dict[str, Any] | None,
                           options: RunOptions, kernel_fn: Callable | None, worker: Any,
-                          record: dict[str, Any]) -> str | None:
-    """Whether a divergent float64 output is float32's rounding: the why's clause if so, else None.
+                          record: dict[str, Any]) -> tuple[bool, str | None]:
+    """Whether a divergent float64 output is float32's rounding: (named, the why's clause or None).
 
     A kernel that computes in float32 whatever its input (a fused kernel's float32 accumulators and
     log-decays, a ``.float()`` before the loop) errs about 5e8 times float64's bound on every float64 case,
@@ -812,29 +812,35 @@ def _undeclared_precision(spec: KernelSpec, problem: Problem, inputs: dict[str, 
     differs by its inputs' rounding; outputs that all underflow to 0 agree with any run. The cause is
     then ``undeclared_precision``; the verdict stays divergent: the kernel does not compute what a float64
     kernel must, and says nothing of it (`Capabilities.computes_in` declares it, and the case is then held
-    to float32's rounding, as torchscale's float32 norm is)."""
+    to float32's rounding, as torchscale's float32 norm is). Within float32's bound but away from its own
+    float32 run, the cause stays and the why says it (part of the kernel in float32, a decay table or a
+    constant, looks like that; so does a small mistake)."""
     div, judgement = _judge_outputs(problem, outputs, traces, baselines, "float32", options)
     record["float32_bound_cond_max"] = div.cond_max
     if judgement.verdict is not Verdict.EQUIVALENT:
-        return None
+        return False, None
+    out = outputs["output"].detach().to("cpu", torch.float64)
+    exact = traces["output"].out.detach().to("cpu", torch.float64)
+    if not bool((out[torch.isfinite(out) & torch.isfinite(exact)].abs() >= torch.finfo(torch.float32).tiny).any()):
+        return False, None  # nothing float32 holds as a normal number: zeros agree with anything
+    within = f"within float32's rounding bound (cond_max {div.cond_max:.3g} in float32's units)"
+    partly = (f"{within}, but not its own float32 run on the inputs rounded to float32: part of it may compute in "
+              "float32 (a decay table, a constant), or a mistake is that small")
     low = _call_kernel(spec, problem.replace(dtype="float32", tf32=False), inputs_in("float32", inputs), options,
                        kernel_fn, worker, False)
     if not low.ok:
-        return None
-    out = outputs["output"].detach().to("cpu", torch.float64)
-    exact = traces["output"].out.detach().to("cpu", torch.float64)
+        return False, None
     mine = low.output.detach().to("cpu", torch.float64)
     both = torch.isfinite(out) & torch.isfinite(exact) & torch.isfinite(mine)
-    if not bool((out[both].abs() >= torch.finfo(torch.float32).tiny).any()):
-        return None  # nothing float32 holds as a normal number: zeros agree with anything
+    if not bool(both.any()):
+        return False, None
     to_oracle = float((out[both] - exact[both]).abs().max())
     to_own = record["float32_run_distance"] = float((out[both] - mine[both]).abs().max())
     if not to_own <= SELF_AGREEMENT * to_oracle:
-        return None
-    return (f"undeclared precision: within float32's rounding bound (cond_max {div.cond_max:.3g} in float32's units), "
-            f"and {'the same bits as' if to_own == 0 else 'next to'} its own float32 run on the inputs rounded to "
-            "float32: the kernel computes in float32 whatever its input; declare Capabilities(computes_in="
-            "{'float64': 'float32'}) in a KernelSpec, or compute in float64")
+        return False, partly
+    return True, (f"undeclared precision: {within}, and {'the same bits as' if to_own == 0 else 'next to'} its own "
+                  "float32 run on the inputs rounded to float32: the kernel computes in float32 whatever its input; "
+                  "declare Capabilities(computes_in={'float64': 'float32'}) in a KernelSpec, or compute in float64")
 
 
 def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:

@@ -113,3 +113,20 @@ def test_a_float64_kernel_s_mistake_below_float32_s_bound_is_not_called_a_precis
     record = run_case(user_kernel_spec(nudged, family="retention"), RETENTION, OPTIONS)
     assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
     assert record["float32_bound_cond_max"] <= 1 and record["float32_run_distance"] > 0
+
+
+def test_a_kernel_partly_in_float32_keeps_its_cause_and_is_told_why_it_may_look_so():
+    """float64 arithmetic on a decay mask built from float32 log-decays: within float32's bound, not its own
+    float32 run (its float64 inputs enter the float64 arithmetic). Not named (a small mistake looks the
+    same), but the why says what the numbers say."""
+    def float32_decays(q, k, v):
+        heads, length = q.shape[2], q.shape[1]
+        log_gammas = torch.log(torch.tensor([1 - 2.0 ** (-5 - h) for h in range(heads)], dtype=torch.float32))
+        t = torch.arange(length, dtype=torch.float32)
+        mask = torch.exp((t[:, None] - t[None, :]) * log_gammas[:, None, None]) * (t[:, None] >= t[None, :])
+        qh, kh, vh = (x.transpose(1, 2) for x in (q * q.shape[-1] ** -0.5, k, v))
+        return (((qh @ kh.transpose(-1, -2)) * mask.to(q.dtype)) @ vh).transpose(1, 2)  # the rest in the input dtype
+
+    record = run_case(user_kernel_spec(float32_decays, family="retention"), RETENTION, OPTIONS)
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert "but not its own float32 run" in record["why"] and "part of it may compute in float32" in record["why"]
