@@ -193,7 +193,7 @@ def test_a_check_that_fails_in_two_dtypes_keeps_a_counterexample_for_each(tmp_pa
 
     target = f"{__file__.rsplit('/', 1)[0]}/planted/bugs.py:scan_drops_carry_after_block_8"
     code = main(["check", "--kernel", target, "--family", "linear_scan", "--dtypes", "float64,float32",
-                 "--profile", "ci", "--max-examples", "25", "--no-grad", "--in-process", "--shrink-deadline", "30",
+                 "--profile", "ci", "--max-examples", "12", "--no-grad", "--in-process", "--shrink-deadline", "10",
                  "--cases-dir", str(tmp_path / "cases"), "--report-dir", str(tmp_path / "run")])
     out = capsys.readouterr().out
     assert code == 1
