@@ -291,6 +291,16 @@ def cmd_check(args) -> int:
             if result.counterexample:
                 print(f"\ncounterexample saved: {result.counterexample}")
         status = max(status, result.exit_code)
+    if len(results) > 1:  # the searches' outcomes in one place, after the messages they may have printed
+        print("\nsearches:")
+        for (target, _, dtypes), result in zip(units, results):
+            forward = sum(1 for r in result.records if r.get("mode") != "grad")
+            failure = result.failure
+            outcome = "passed"
+            if failure:
+                grad = f" in the gradient of {failure.get('grad_of')}" if failure.get("mode") == "grad" else ""
+                outcome = f"{failure['verdict']}, {failure.get('cause')}{grad}, shrunk to L={failure.get('length')}"
+            print(f"  {target} {','.join(dtypes or ())}: {outcome}; {forward} cases run")
     return status
 
 

@@ -203,3 +203,6 @@ def test_a_check_that_fails_in_two_dtypes_keeps_a_counterexample_for_each(tmp_pa
         case = json.loads(f.read_text())
         assert case["problem"]["dtype"] == f.name.split("--")[2]
         assert f"counterexample saved: {f}" in out
+    summary = out.split("\nsearches:\n")[1].splitlines()  # one line per search, after the messages
+    assert [line.split(": ")[0].rsplit(" ", 1)[1] for line in summary] == ["float64", "float32"]
+    assert all("divergent, kernel_bug, shrunk to L=" in line for line in summary), summary
