@@ -59,7 +59,8 @@ def counterexample_path(kernel: str, family: str, *, directory: Path | None = No
     """
     key = [kernel, kernel_target, family] + ([dtype] if dtype else [])
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:10]
-    return Path(directory or counterexamples_dir()) / f"{_slug(kernel)}--{family}{f'--{dtype}' if dtype else ''}--{digest}.json"
+    name = f"{_slug(kernel)}--{family}{f'--{dtype}' if dtype else ''}--{digest}.json"
+    return Path(directory or counterexamples_dir()) / name
 
 
 def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: Path | None = None,

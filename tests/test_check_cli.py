@@ -132,7 +132,8 @@ def test_exit_0_for_a_correct_kernel(tmp_path, kernel_file):
 def test_a_wrong_backward_fails_check_unless_no_grad(tmp_path, kernel_file, flag, status):
     """Gradients are checked by default, for a user's kernel too; --no-grad skips them."""
     proc = harness_check(tmp_path, "--family", "linear_scan", "--kernel",
-                         f"{kernel_file}:scan_backward_ignores_decay", "--shrink-deadline", "5", *flag)  # not about shrinking
+                         f"{kernel_file}:scan_backward_ignores_decay", "--shrink-deadline", "5",  # not about shrinking
+                         *flag)
     assert proc.returncode == status, _out(proc)
     records = [json.loads(line) for line in (tmp_path / "report" / "records.jsonl").read_text().splitlines()]
     forward = [r for r in records if r.get("mode") != "grad"]

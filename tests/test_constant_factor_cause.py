@@ -162,8 +162,9 @@ def scan_off_by_a_hundredth(a, b):
 
 def test_a_check_whose_shrunk_case_is_too_small_for_a_factor_names_the_factor_of_its_larger_cases():
     """Shrinking ends at one element, where no factor is named (`FACTOR_MIN_ELEMENTS`): the message says what
-    the search's larger failing cases were named, so the author reads "1.01 times the oracle's". (At 1.001 the least-squares factor of
-    a long case lies within `FACTOR_MIN_OFFSET` of 1 by its rounding, and the search's largest cases name nothing.)"""
+    the search's larger failing cases were named, so the author reads "1.01 times the oracle's". (At 1.001
+    the least-squares factor of a long case lies within `FACTOR_MIN_OFFSET` of 1 by its rounding, and the
+    search's largest cases name nothing.)"""
     from harness.api import check
 
     got = check(scan_off_by_a_hundredth, family="linear_scan", dtypes="float64", max_examples=5, grad=False,

@@ -71,7 +71,7 @@ def test_a_missing_submodule_names_the_version_that_lacks_it(tmp_path, monkeypat
 
 
 def test_a_package_that_is_not_there_is_still_called_not_installed():
-    with pytest.raises(KernelUnavailable, match=r"package 'harness-absent' is not installed .*`pip install harness-absent`"):
+    with pytest.raises(KernelUnavailable, match=r"'harness-absent' is not installed .*`pip install harness-absent`"):
         require_module("harness_absent_pkg_xyz.ops", package="harness-absent")
 
 

@@ -168,7 +168,7 @@ def retention_chunkwise(
 
     group = max(1, INNER_BLOCK_ELEMENTS // (batch * heads * c * c))  # chunks whose scores are formed at once
     inner = torch.cat([((qc[:, :, a:a + group] @ kc[:, :, a:a + group].transpose(-1, -2)) * mask)
-                       @ vc[:, :, a:a + group] for a in range(0, chunks, group)], dim=2)  # (batch, heads, chunks, c, dv)
+                       @ vc[:, :, a:a + group] for a in range(0, chunks, group)], dim=2)  # (b, h, chunks, c, dv)
     contributions = (kc * into_state).transpose(-1, -2) @ vc  # (batch, heads, chunks, dk, dv)
     state = torch.zeros(batch, heads, dk, dv, dtype=dtype, device=device)
     states = [state]

@@ -124,8 +124,8 @@ def _import_retnet():
             return importlib.import_module("torchscale.architecture.retnet")
         except ImportError as exc:
             version = package_version(PACKAGE)
-            raise KernelUnavailable(f"torchscale.architecture.retnet cannot be imported{f' ({version})' if version else ''}: "
-                                    f"{exc}") from None
+            which = f" ({version})" if version else ""
+            raise KernelUnavailable(f"torchscale.architecture.retnet cannot be imported{which}: {exc}") from None
     finally:
         for name in added:
             sys.modules.pop(name, None)
