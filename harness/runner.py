@@ -267,17 +267,17 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         timings["t_ieee_dots"] = time.perf_counter() - t0
         if found is not None:
             cause, judgement = "tf32", Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
+    other_run: dict[str, torch.Tensor] = {}  # the second-dtype run's output (`_undeclared_precision` reads it)
     if (cause == "kernel_bug" and not record.get("future_leak") and options.precision_counterfactual
             and spec.capabilities.runs("float64" if precision != "float64" else "float32", problem.device) is None):
         t0 = time.perf_counter()
         cause, judgement = _precision_counterfactual(spec, problem, inputs, options, kernel_fn, record, judgement,
-                                                     precision)
+                                                     precision, keep_output=other_run)
         timings["t_other_dtype"] = time.perf_counter() - t0
-    if (cause == "kernel_bug" and not record.get("future_leak") and options.precision_counterfactual
-            and precision == "float64"):
+    if cause == "kernel_bug" and precision == "float64" and "output" in other_run:  # its float32 run, kept above
         t0 = time.perf_counter()
-        named, found = _undeclared_precision(spec, problem, inputs, outputs, traces, baselines, options, kernel_fn,
-                                             worker, record)
+        named, found = _undeclared_precision(problem, outputs, traces, baselines, options, record,
+                                             other_run["output"])
         timings["t_undeclared_precision"] = time.perf_counter() - t0
         if found is not None:
             cause = "undeclared_precision" if named else cause
@@ -724,15 +724,17 @@ def inputs_in(dtype: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Te
 
 
 def _rerun_in(dtype: str, spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
-              options: RunOptions, kernel_fn: Callable | None) -> dict[str, Any]:
+              options: RunOptions, kernel_fn: Callable | None,
+              keep_output: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """The record of the same case in ``dtype``, its inputs the case's own converted (exactly when wider)."""
     return run_case(spec, problem.replace(dtype=dtype, tf32=False), rerun_options(options), kernel_fn=kernel_fn,
-                    inputs=inputs_in(dtype, inputs))
+                    inputs=inputs_in(dtype, inputs), keep_output=keep_output)
 
 
 def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
                               options: RunOptions, kernel_fn: Callable | None, record: dict[str, Any],
-                              judgement: Judgement, precision: str) -> tuple[str, Judgement]:
+                              judgement: Judgement, precision: str,
+                              keep_output: dict[str, torch.Tensor] | None = None) -> tuple[str, Judgement]:
     """Tell precision lost by the algorithm from an algebraic mistake by running the case in a second dtype.
 
     A low-precision case reruns in float64 on the same rounded inputs (upcast exactly); a float64 case in
@@ -746,7 +748,7 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     """
     low = precision != "float64"
     other = "float64" if low else "float32"
-    again = _rerun_in(other, spec, problem, inputs, options, kernel_fn)
+    again = _rerun_in(other, spec, problem, inputs, options, kernel_fn, keep_output)
     record[f"{other}_verdict"] = again["verdict"]
     record[f"{other}_cond_max"] = again.get("cond_max")
     # the cond errors of the target that made the case divergent: a wrong final state beside a right output
@@ -794,10 +796,9 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
 SELF_AGREEMENT = 1e-3
 
 
-def _undeclared_precision(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
-                          outputs: dict[str, Any], traces: dict[str, Any], baselines: dict[str, Any] | None,
-                          options: RunOptions, kernel_fn: Callable | None, worker: Any,
-                          record: dict[str, Any]) -> tuple[bool, str | None]:
+def _undeclared_precision(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
+                          baselines: dict[str, Any] | None, options: RunOptions, record: dict[str, Any],
+                          float32_output: torch.Tensor) -> tuple[bool, str | None]:
     """Whether a divergent float64 output is float32's rounding: (named, the why's clause or None).
 
     A kernel that computes in float32 whatever its input (a fused kernel's float32 accumulators and
@@ -805,7 +806,8 @@ def _undeclared_precision(spec: KernelSpec, problem: Problem, inputs: dict[str, 
     from the first step: not an algebraic mistake, and the second-dtype rerun does not say so (its float32
     run is equivalent, its float64 cond error 5e8 times larger). Two things together name it: the output
     judged at float32's bound is equivalent (``float32_bound_cond_max`` in the record), and the kernel's
-    own float32 run on the inputs rounded to float32 gives the same output (within `SELF_AGREEMENT` of its
+    own float32 run on the inputs rounded to float32 (``float32_output``, the second-dtype rerun's, so the
+    kernel is not called again) gives the same output (within `SELF_AGREEMENT` of its
     distance to the oracle; ``float32_run_distance``), with some output a normal float32 number. The first
     alone is not enough: a case whose float32 bound is wide (cancellation, tiny outputs) hides small
     mistakes of a float64 kernel (nine planted bugs of the ci calibration), and such a kernel's float32 run
@@ -826,11 +828,7 @@ def _undeclared_precision(spec: KernelSpec, problem: Problem, inputs: dict[str, 
     within = f"within float32's rounding bound (cond_max {div.cond_max:.3g} in float32's units)"
     partly = (f"{within}, but not its own float32 run on the inputs rounded to float32: part of it may compute in "
               "float32 (a decay table, a constant), or a mistake is that small")
-    low = _call_kernel(spec, problem.replace(dtype="float32", tf32=False), inputs_in("float32", inputs), options,
-                       kernel_fn, worker, False)
-    if not low.ok:
-        return False, None
-    mine = low.output.detach().to("cpu", torch.float64)
+    mine = float32_output.detach().to("cpu", torch.float64)
     both = torch.isfinite(out) & torch.isfinite(exact) & torch.isfinite(mine)
     if not bool(both.any()):
         return False, None

@@ -50,7 +50,8 @@ def test_a_new_project_from_pip_install_to_a_failing_then_passing_gate(tmp_path)
     saved = sorted(p.name for p in (project / "numerics" / "counterexamples").glob("*.json"))
     # `harness check`: one per dtype its search failed in (the bug halves b from t=40: every dtype); the pytest
     # route: one (its fixture's single search)
-    assert len(saved) >= 2 and len({name.split("--")[2] for name in saved}) >= 1, saved
+    assert len(saved) >= 2, saved
+    assert all(name.split("--")[2] in ("float64", "float32", "float16", "bfloat16") for name in saved), saved
     assert "Gate FAILED" in steps["gate the bug (fails)"].output
     assert "Gate passed" in steps["gate the fix (passes)"].output
     assert steps["harness sweep default"].rc in (0, 1)  # 1: a finding of the sweep, as `make report` reads it
