@@ -342,3 +342,37 @@ def test_a_chunk_of_the_whole_sequence_stays_within_its_tile(monkeypatch):
     assert len(largest) == 64 and max(largest) == 64 * 64
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(state, ref_state, rtol=1e-10, atol=1e-10)
+
+
+_GROWTH_SCRIPT = """
+import resource, torch
+from harness.kernels import gated_forms as gf
+L = 8192
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, L, 1, 64, dtype=torch.float64, generator=g) for _ in range(3))
+lg = -torch.rand(1, L, 1, 64, dtype=torch.float64, generator=g) * 0.1
+with torch.no_grad():
+    gf.chunk_form(q[:, :128], k[:, :128], v[:, :128], lg[:, :128], 0.125, None, 129)  # two tiles: warm
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    gf.chunk_form(q, k, v, lg, 0.125, None, L + 1)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def test_a_long_chunk_s_tiles_do_not_grow_the_process():
+    """The nightly calibration's kill: `intree.gla_chunk` float64, one chunk of L = 28,737 formed in 449
+    tiles, grew to 11 GB and was killed for memory, though one tile's scores are 25 MB. The tiles' outputs,
+    kept in a list while each tile's temporaries came and went, split glibc's free memory so that every
+    next temporary took new memory. Filled in place, the peak past two tiles' is flat in L: here 128 tiles
+    add 8 MB (the output is 4 MB); kept in a list they added 213 MB. In a fresh process with glibc's
+    default allocator settings, where the growth shows."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run([sys.executable, "-c", _GROWTH_SCRIPT], capture_output=True, text=True,
+                          env=dict(env, OMP_NUM_THREADS="1"), timeout=120)
+    assert done.returncode == 0, done.stderr
+    grown_mib = float(done.stdout.split()[-1])
+    assert grown_mib < 48, f"128 tiles of one chunk grew the process by {grown_mib:.0f} MiB"

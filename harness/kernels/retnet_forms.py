@@ -167,8 +167,10 @@ def retention_chunkwise(
     chunk_decay = _powers(gammas, torch.tensor(c)).to(device=device, dtype=dtype)[None, :, None, None]
 
     group = max(1, INNER_BLOCK_ELEMENTS // (batch * heads * c * c))  # chunks whose scores are formed at once
-    inner = torch.cat([((qc[:, :, a:a + group] @ kc[:, :, a:a + group].transpose(-1, -2)) * mask)
-                       @ vc[:, :, a:a + group] for a in range(0, chunks, group)], dim=2)  # (b, h, chunks, c, dv)
+    inner = vc.new_empty(batch, heads, chunks, c, dv)  # filled in place: see `gated_forms._output`
+    for a in range(0, chunks, group):
+        inner[:, :, a:a + group] = ((qc[:, :, a:a + group] @ kc[:, :, a:a + group].transpose(-1, -2)) * mask) \
+            @ vc[:, :, a:a + group]
     contributions = (kc * into_state).transpose(-1, -2) @ vc  # (batch, heads, chunks, dk, dv)
     state = torch.zeros(batch, heads, dk, dv, dtype=dtype, device=device)
     states = [state]

@@ -43,12 +43,12 @@ def _cross_decay_exclusive_form(q, k, v, g, scale, h0, chunk_size):
     the first chunk without an initial state; wrong once L > chunk_size, or with an initial state.
     """
     state = gf._zero_state(q, v, h0)
-    outs = []
+    o = gf._output(q, v)
     for t0, t1, qc, kc, vc, G in gf.chunks(q, k, v, g, scale, chunk_size):
         exclusive = G - g[:, t0:t1].transpose(1, 2)
-        outs.append(gf.intra_scores(qc, kc, G, G) @ vc + (qc * torch.exp(exclusive)) @ state)
+        o[:, :, t0:t1] = gf.intra_scores(qc, kc, G, G) @ vc + (qc * torch.exp(exclusive)) @ state
         state = gf.chunk_state(kc, vc, G, state)
-    return gf._collect(outs, q, v), state
+    return o.transpose(1, 2), state
 
 
 def _initial_state_not_decayed_form(q, k, v, g, scale, h0, chunk_size):
@@ -56,15 +56,15 @@ def _initial_state_not_decayed_form(q, k, v, g, scale, h0, chunk_size):
     ``q_t exp(G_t) S_0`` and ``exp(G_c) S_0 + ...``. Later chunks carry their state correctly. Exact
     without an initial state (S_0 = 0); wrong whenever one is given and the decay is not 1."""
     state = gf._zero_state(q, v, h0)
-    outs = []
-    for t0, _, qc, kc, vc, G in gf.chunks(q, k, v, g, scale, chunk_size):
+    o = gf._output(q, v)
+    for t0, t1, qc, kc, vc, G in gf.chunks(q, k, v, g, scale, chunk_size):
         if t0 == 0:
-            outs.append(gf.intra_scores(qc, kc, G, G) @ vc + qc @ state)
+            o[:, :, t0:t1] = gf.intra_scores(qc, kc, G, G) @ vc + qc @ state
             state = state + (kc * torch.exp(G[:, :, -1:] - G)).transpose(-1, -2) @ vc
         else:
-            outs.append(gf.chunk_output(qc, kc, vc, G, state))
+            o[:, :, t0:t1] = gf.chunk_output(qc, kc, vc, G, state)
             state = gf.chunk_state(kc, vc, G, state)
-    return gf._collect(outs, q, v), state
+    return o.transpose(1, 2), state
 
 
 def _final_state_one_step_early_form(q, k, v, g, scale, h0, chunk_size):
@@ -72,16 +72,16 @@ def _final_state_one_step_early_form(q, k, v, g, scale, h0, chunk_size):
     over its first n - 1 steps (a loop bound off by one). The outputs are right; the final state is
     wrong whenever it is asked for (T >= 1)."""
     state = gf._zero_state(q, v, h0)
-    outs = []
+    o = gf._output(q, v)
     steps = list(gf.chunks(q, k, v, g, scale, chunk_size))
-    for i, (_, _, qc, kc, vc, G) in enumerate(steps):
-        outs.append(gf.chunk_output(qc, kc, vc, G, state))
+    for i, (t0, t1, qc, kc, vc, G) in enumerate(steps):
+        o[:, :, t0:t1] = gf.chunk_output(qc, kc, vc, G, state)
         if i == len(steps) - 1:
             kc, vc, G = kc[:, :, :-1], vc[:, :, :-1], G[:, :, :-1]
             if kc.shape[2] == 0:
                 break
         state = gf.chunk_state(kc, vc, G, state)
-    return gf._collect(outs, q, v), state
+    return o.transpose(1, 2), state
 
 
 # -------------------------------------------------------------------------------------- the kernels
