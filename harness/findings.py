@@ -41,7 +41,8 @@ CAUSE_PHRASES: dict[str, str] = {
     "precision_exhausted": "no digit is guaranteed in the dtype",
     "tf32": "its float32 dots run in TF32 (Triton's default); IEEE dots are equivalent",
     "chunk_rounding": "within a chunked form's bound: declare the chunk size",
-    "undeclared_precision": "float64 cases within float32's bound: it computes in float32 and does not declare it",
+    "undeclared_precision": "cases within a narrower dtype's bound: it computes in a narrower precision than its inputs and "
+                            "does not declare it",
     "constant_factor": "the oracle's output times one constant: another scale or sign convention",
     "layout": "the oracle's output on the inputs read with two axes swapped: another layout",
     "input_overflow": "the inputs overflow the dtype",

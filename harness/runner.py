@@ -282,6 +282,14 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         if found is not None:
             cause = "undeclared_precision" if named else cause
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
+    if (cause == "kernel_bug" and precision in ("float64", "float32") and not record.get("future_leak")
+            and options.precision_counterfactual):
+        t0 = time.perf_counter()
+        found = _half_precision_outputs(problem, outputs, traces, options, record, precision)
+        timings["t_half_precision"] = time.perf_counter() - t0
+        if found is not None:
+            cause, judgement = "undeclared_precision", Judgement(judgement.verdict, f"{judgement.why}; {found}",
+                                                                 judgement.rule)
     if cause in ("kernel_bug", "precision_loss") and not record.get("future_leak") and chunked is not None:
         t0 = time.perf_counter()
         found = _chunked_bound(chunked, outputs, baselines, precision, options, record)
@@ -839,6 +847,56 @@ def _undeclared_precision(problem: Problem, outputs: dict[str, Any], traces: dic
     return True, (f"undeclared precision: {within}, and {'the same bits as' if to_own == 0 else 'next to'} its own "
                   "float32 run on the inputs rounded to float32: the kernel computes in float32 whatever its input; "
                   "declare Capabilities(computes_in={'float64': 'float32'}) in a KernelSpec, or compute in float64")
+
+
+#: The half-precision dtypes a float32 or float64 kernel may compute in without saying so (an autocast
+#: region, a ``.to(torch.bfloat16)`` before the loop): `_half_precision_outputs` names one.
+HALF_PRECISIONS = ("bfloat16", "float16")
+
+
+def _half_precision_outputs(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any], options: RunOptions,
+                            record: dict[str, Any], precision: str) -> str | None:
+    """The why's clause when a divergent float32 or float64 output is a half-precision computation's, else None.
+
+    A kernel that computes in bfloat16 whatever its input and casts its result back was ``kernel_bug`` from
+    L = 1 (cond 1.3e4 in float32, 4.7e12 in float64: the output is b rounded to bfloat16), and its float64
+    rerun diverges as much, so `_precision_counterfactual` cannot say it. Its outputs say it without a call:
+    every finite output is a number of that dtype (a float32 result is one by chance with probability
+    2^-16, a float16 result with 1/8 for bfloat16), at least one of them where the exact value is not
+    (rounded to it, not exact by construction: small integers are every dtype's numbers), and the output
+    is equivalent at that dtype's rounding bound (``<dtype>_bound_cond_max`` in the record), or out of that
+    dtype's domain (a ``large`` case past float16's 65,504). The cause is then ``undeclared_precision``:
+    declared (`Capabilities.computes_in`), the case is judged at that bound and range.
+    Outputs that are numbers of both half precisions (bfloat16's 8 bits fit in float16's 11 within its
+    range) name both."""
+    out = outputs["output"].detach().to("cpu", torch.float64)
+    exact = traces["output"].out.detach().to("cpu", torch.float64)
+    finite = torch.isfinite(out) & torch.isfinite(exact)
+    got, want = out[finite], exact[finite]
+    if got.numel() == 0:
+        return None
+    named = []
+    for half in HALF_PRECISIONS:
+        dtype = DTYPE_NAMES[half]
+        if not bool((got.to(dtype).to(torch.float64) == got).all()):
+            continue
+        rounded = (want.to(dtype).to(torch.float64) != want) & (got.abs() >= torch.finfo(dtype).tiny)
+        if not bool(rounded.any()):
+            continue
+        div, judgement = _judge_outputs(problem, outputs, traces, None, half, options)
+        record[f"{half}_bound_cond_max"] = div.cond_max
+        if judgement.verdict is Verdict.EQUIVALENT:
+            named.append((half, f"within its rounding bound (cond_max {div.cond_max:.3g} in {half}'s units)"))
+        elif judgement.verdict is Verdict.OUT_OF_DOMAIN:  # its range: a `large` case overflows it
+            named.append((half, f"out of its domain ({domain_kind(div)}: {judgement.why[:120]})"))
+    if not named:
+        return None
+    halves = " or ".join(half for half, _ in named)
+    judged = "; ".join(f"judged as {half}, {how}" for half, how in named)
+    declare = " or ".join(f"Capabilities(computes_in={{'{precision}': '{half}'}})" for half, _ in named)
+    return (f"undeclared precision: every finite output is a {' and a '.join(h for h, _ in named)} number (the exact "
+            f"values are not); {judged}: the kernel computes in {halves} whatever its input; declare {declare} in a "
+            f"KernelSpec, or compute in {precision}")
 
 
 def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:

@@ -10,6 +10,8 @@ told from a missing package.
 
 from __future__ import annotations
 
+import torch
+
 import importlib
 import sys
 from pathlib import Path
@@ -92,3 +94,24 @@ def test_a_package_that_imports_its_own_module_as_top_level_is_not_told_to_insta
     message = str(err.value)
     assert "harness-fake 0.1 does not import: harnessfake.model imports its own module 'scan' as a top-level" in message
     assert "pip install scan" not in message
+
+
+def test_a_second_kernel_of_the_same_name_is_loaded_not_the_first():
+    """Loaded kernels are cached by (name, id of the spec's loader). Keyed by the id alone, a new spec's
+    loader could take the id of a freed one and get its kernel: the second of two kernels named ``scan``
+    (closures, a notebook's redefinition, a parametrized test) silently ran the first."""
+    from harness.api import user_kernel_spec
+
+    def make(i):
+        def scan(a, b):
+            return a * 0 + i
+        return scan
+
+    kernels = [make(i) for i in range(40)]  # made first: each spec's loader is then the only new function
+    one = torch.ones(1, 1, 1)
+    got = []
+    for kernel in kernels:
+        spec = user_kernel_spec(kernel, family="linear_scan", name="scan")
+        got.append(int(spec.callable()(one, one).item()))
+        del spec  # its loader freed, unless the cache holds it
+    assert got == list(range(40))

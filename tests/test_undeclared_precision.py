@@ -6,7 +6,8 @@ case from L=1 with cond 5.3e7 and the cause ``kernel_bug``: the second-dtype rer
 equivalent and its float64 cond error 5e8 times larger, as a mistake's would be. The same output judged at
 float32's bound is equivalent: the cause now says so, with the declaration that fixes it. A mistake in
 such a kernel is still a ``kernel_bug`` (or its own cause), and a kernel that declares
-``computes_in={"float64": "float32"}`` is held to float32's rounding and passes.
+``computes_in={"float64": "float32"}`` is held to float32's rounding and passes. The same for a float32 or
+float64 kernel that computes in bfloat16 or float16 (below).
 """
 
 from __future__ import annotations
@@ -130,3 +131,54 @@ def test_a_kernel_partly_in_float32_keeps_its_cause_and_is_told_why_it_may_look_
     record = run_case(user_kernel_spec(float32_decays, family="retention"), RETENTION, OPTIONS)
     assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
     assert "but not its own float32 run" in record["why"] and "part of it may compute in float32" in record["why"]
+
+
+# ------------------------------------------------------------------ half precision inside a float32/float64 kernel
+# Found as a new user would: a linear scan that computes in bfloat16 whatever its input (as an autocast region
+# does) was `kernel_bug` from L = 1 (cond 1.3e4 in float32, 4.7e12 in float64), and its float64 rerun diverged as
+# much, so the second-dtype rerun could not name it. Its outputs are all bfloat16 numbers: that names it.
+
+_SCAN = registry.get("intree.sequential_scan").callable()
+SCAN = Problem(family="linear_scan", length=300, dtype="float32", batch=2, dim=5, seed=3)
+
+
+def scan_in(dtype: torch.dtype, offset: float = 0.0):
+    def scan(a, b):
+        return (_SCAN(a.to(dtype), b.to(dtype)) + offset).to(a.dtype)
+    return scan
+
+
+@pytest.mark.parametrize(("half", "dtype"), [("bfloat16", "float32"), ("float16", "float32"),
+                                             ("bfloat16", "float64")])
+@pytest.mark.parametrize("length", [1, 300])
+def test_a_kernel_computing_in_half_precision_names_it(half, dtype, length):
+    spec = user_kernel_spec(scan_in(getattr(torch, half)), family="linear_scan")
+    record = run_case(spec, SCAN.replace(length=length, dtype=dtype), OPTIONS)
+    assert record["verdict"] == "divergent" and record["cond_max"] > 100
+    assert record["cause"] == "undeclared_precision", record["why"]
+    assert record[f"{half}_bound_cond_max"] <= 1
+    assert f"computes_in={{'{dtype}': '{half}'}}" in record["why"], record["why"]
+
+
+def test_half_precision_numbers_beyond_that_bound_are_a_mistake_still():
+    """Outputs rounded to bfloat16 that are also off by 0.5: beyond bfloat16's bound, so not a precision."""
+    spec = user_kernel_spec(scan_in(torch.bfloat16, offset=0.5), family="linear_scan")
+    record = run_case(spec, SCAN, OPTIONS)
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert record["bfloat16_bound_cond_max"] > 1
+
+
+def test_a_float32_mistake_is_not_called_a_half_precision():
+    """A float32 kernel's outputs are not all bfloat16 numbers: nothing is judged at bfloat16's bound."""
+    spec = user_kernel_spec(scan_in(torch.float32, offset=1e-3), family="linear_scan")
+    record = run_case(spec, SCAN, OPTIONS)
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert "bfloat16_bound_cond_max" not in record and "float16_bound_cond_max" not in record
+
+
+def test_the_kernel_declaring_bfloat16_is_held_to_it_and_passes():
+    spec = KernelSpec(name="user.declared_bfloat16", family=Family.LINEAR_SCAN, load=lambda: scan_in(torch.bfloat16),
+                      capabilities=Capabilities(computes_in={"float32": "bfloat16"}))
+    for seed in range(4):
+        record = run_case(spec, SCAN.replace(seed=seed), OPTIONS)
+        assert record["verdict"] == "equivalent" and record["precision"] == "bfloat16", record["why"]

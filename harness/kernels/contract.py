@@ -282,7 +282,11 @@ class KernelSpec:
         return _load_cached(self)
 
 
-_LOADED: dict[tuple[str, int], Callable | KernelUnavailable] = {}
+#: Loaded kernels by (name, id of the spec's loader), each kept with its loader: while an entry holds the
+#: loader, no other object can take its id. (Keyed by the id alone, a user's second kernel of the same name,
+#: whose loader was made after the first spec was freed, could get the first one's id and so its kernel: the
+#: second of two `user_kernel_spec` closures named ``scan`` ran the first.)
+_LOADED: dict[tuple[str, int], tuple[Callable, Callable | KernelUnavailable]] = {}
 
 
 def package_version(source: str) -> str:
@@ -349,16 +353,17 @@ def _load_cached(spec: KernelSpec) -> Callable:
     key = (spec.name, id(spec.load))
     if key not in _LOADED:
         try:
-            _LOADED[key] = on_device(spec.load())
+            value = on_device(spec.load())
         except KernelUnavailable as exc:
-            _LOADED[key] = exc
+            value = exc
         except ImportError as exc:  # a missing package is the common case; say which
-            _LOADED[key] = KernelUnavailable(f"import failed: {exc}")
+            value = KernelUnavailable(f"import failed: {exc}")
         except Exception as exc:  # noqa: BLE001 - e.g. an nvcc build at import: the kernel's failure, not the run's
             text = " ".join(str(exc).split())
             text = text if len(text) <= 300 else text[:300] + "..."
-            _LOADED[key] = KernelUnavailable(f"loading failed{_with_version(spec.source)}: {type(exc).__name__}: {text}")
-    value = _LOADED[key]
+            value = KernelUnavailable(f"loading failed{_with_version(spec.source)}: {type(exc).__name__}: {text}")
+        _LOADED[key] = (spec.load, value)
+    value = _LOADED[key][1]
     if isinstance(value, KernelUnavailable):
         raise value
     return value
