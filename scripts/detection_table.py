@@ -65,7 +65,7 @@ def _problem(record: dict):
     from harness.problems import Problem
 
     names = {f.name for f in dataclasses.fields(Problem)} - {"values"}
-    return Problem(**{k: record[k] for k in names})
+    return Problem(**{k: record[k] for k in names if k in record})  # later fields: at their defaults
 
 
 COLUMNS = ("bug", "family", "found", "time to find (s)", "found at case", "total (s)", "cases", "exposing cases",

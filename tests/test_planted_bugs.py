@@ -223,3 +223,25 @@ def test_a_bugs_own_witness_passes_on_the_correct_chunk_kernel(bug: PlantedBug):
     spec = registry.get(f"intree.{bug.family.value}_chunk")
     record = run_case(spec, bug.witness, RunOptions())
     assert record["verdict"] == "equivalent", record["why"]
+
+
+def test_the_detection_table_script_reads_records_without_the_later_fields():
+    """`scripts/detection_table.py` rebuilds each record's problem; records leave out the fields added later
+    at their defaults (`harness.problems.LATER_FIELDS`), and the script failed on every bug with
+    ``KeyError: 'scale'`` once ``scale`` was one of them."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    sys.path.insert(0, scripts)  # its sibling module docblock, as when run as a script
+    try:
+        spec = importlib.util.spec_from_file_location("detection_table", f"{scripts}/detection_table.py")
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+    finally:
+        sys.path.remove(scripts)
+    problem = Problem(family="gla", length=5, dtype="float32", batch=1, heads=2, dk=3, dv=4, seed=1)
+    record = problem.to_dict()
+    assert "scale" not in record  # left out at its default
+    assert script._problem(record) == problem
