@@ -38,8 +38,8 @@ from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import (RunOptions, call_args, explains, factor_clause, factors_to_try, inputs_in,
-                            output_shape, reference_trace, rerun_options, run_case)
+from harness.runner import (RunOptions, call_args, explains, factor_clause, factors_to_try, half_judged, half_numbers,
+                            half_precision_why, inputs_in, output_shape, reference_trace, rerun_options, run_case)
 from harness.verdict import judge
 from reference_impls.trace import Trace
 
@@ -269,6 +269,11 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     if options.precision_counterfactual and precision != "float64" and any(
             r["verdict"] == "divergent" for r in records):
         _second_dtype(spec, problem, options, inputs, records)
+    if options.precision_counterfactual and precision in ("float64", "float32"):
+        for record in records:
+            if record["verdict"] == "divergent" and record["cause"] == "kernel_bug":
+                name = record["grad_of"]
+                _half_precision(record, got[name], want[name], g.numel(), natural_of[name], precision, options)
     if options.factor_counterfactual:
         for record in records:
             if record["verdict"] == "divergent" and record["cause"] == "kernel_bug":
@@ -300,6 +305,30 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
             record["cause"] = "constant_factor"
             record["why"] = f"{record['why']}; {factor_clause('gradient', factor, div.cond_max, meaning)}"
             return
+
+
+def _half_precision(record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor, n_terms: int,
+                    natural: torch.Tensor, precision: str, options: RunOptions) -> None:
+    """Name a divergent float32/float64 gradient that a half-precision computation gives, as
+    `runner._half_precision_outputs` names an output: every finite element a bfloat16 (float16) number
+    (`runner.half_numbers`), and the gradient judged at that dtype's bound equivalent or out of its domain.
+    The cause is then ``undeclared_precision``; the verdict is unchanged."""
+    from harness.metrics import measure
+
+    if actual is None:
+        return
+    judged = []
+    for half in half_numbers(actual, ref):
+        div = measure(actual.detach(), _gradient_trace(ref.detach(), n_terms, natural), dtype=half, tf32=False,
+                      baseline=None, length_axis=-1, cond_threshold=options.policy.cond_threshold)
+        record[f"{half}_bound_cond_max"] = div.cond_max
+        fits = half_judged(half, div, judge(div, options.policy))
+        if fits is not None:
+            judged.append((half, fits))
+    if judged:
+        record["cause"] = "undeclared_precision"
+        clause = half_precision_why(judged, precision, "gradient element")
+        record["why"] = f"{record['why']}; {clause}"
 
 
 def _second_dtype(spec: KernelSpec, problem: Problem, options: RunOptions, inputs: dict[str, torch.Tensor],

@@ -854,6 +854,48 @@ def _undeclared_precision(problem: Problem, outputs: dict[str, Any], traces: dic
 HALF_PRECISIONS = ("bfloat16", "float16")
 
 
+def half_numbers(actual: torch.Tensor, exact: torch.Tensor) -> list[str]:
+    """The half precisions (`HALF_PRECISIONS`) whose numbers every finite element of ``actual`` is, with at
+    least one of them a normal number of that dtype where the ``exact`` value is not one: the evidence that a
+    float32 or float64 kernel rounded its result to that dtype (a float32 result is a bfloat16 number by chance
+    with probability 2^-16, a float16 one with 1/8; small integers are every dtype's numbers, hence the exact
+    values' test). Both half precisions can be named (bfloat16's 8 bits fit float16's 11 within its range)."""
+    got64 = actual.detach().to("cpu", torch.float64)
+    want64 = exact.detach().to("cpu", torch.float64)
+    finite = torch.isfinite(got64) & torch.isfinite(want64)
+    got, want = got64[finite], want64[finite]
+    if got.numel() == 0:
+        return []
+    named = []
+    for half in HALF_PRECISIONS:
+        dtype = DTYPE_NAMES[half]
+        if not bool((got.to(dtype).to(torch.float64) == got).all()):
+            continue
+        if bool(((want.to(dtype).to(torch.float64) != want) & (got.abs() >= torch.finfo(dtype).tiny)).any()):
+            named.append(half)
+    return named
+
+
+def half_judged(half: str, div: Any, judgement: Judgement) -> str | None:
+    """How a result judged at ``half``'s bound fits a half-precision computation: within the bound, or out of
+    that dtype's domain (a ``large`` case past float16's 65,504); None when it is beyond the bound."""
+    if judgement.verdict is Verdict.EQUIVALENT:
+        return f"within its rounding bound (cond_max {div.cond_max:.3g} in {half}'s units)"
+    if judgement.verdict is Verdict.OUT_OF_DOMAIN:
+        return f"out of its domain ({domain_kind(div)}: {judgement.why[:120]})"
+    return None
+
+
+def half_precision_why(judged: list[tuple[str, str]], precision: str, what: str = "output") -> str:
+    """The why's clause of ``undeclared_precision`` for the half precisions ``judged`` as (dtype, how)."""
+    halves = " or ".join(half for half, _ in judged)
+    how = "; ".join(f"judged as {half}, {fits}" for half, fits in judged)
+    declare = " or ".join(f"Capabilities(computes_in={{'{precision}': '{half}'}})" for half, _ in judged)
+    return (f"undeclared precision: every finite {what} is a {' and a '.join(h for h, _ in judged)} number (the "
+            f"exact values are not); {how}: the kernel computes in {halves} whatever its input; declare {declare} "
+            f"in a KernelSpec, or compute in {precision}")
+
+
 def _half_precision_outputs(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any], options: RunOptions,
                             record: dict[str, Any], precision: str) -> str | None:
     """The why's clause when a divergent float32 or float64 output is a half-precision computation's, else None.
@@ -861,42 +903,18 @@ def _half_precision_outputs(problem: Problem, outputs: dict[str, Any], traces: d
     A kernel that computes in bfloat16 whatever its input and casts its result back was ``kernel_bug`` from
     L = 1 (cond 1.3e4 in float32, 4.7e12 in float64: the output is b rounded to bfloat16), and its float64
     rerun diverges as much, so `_precision_counterfactual` cannot say it. Its outputs say it without a call:
-    every finite output is a number of that dtype (a float32 result is one by chance with probability
-    2^-16, a float16 result with 1/8 for bfloat16), at least one of them where the exact value is not
-    (rounded to it, not exact by construction: small integers are every dtype's numbers), and the output
-    is equivalent at that dtype's rounding bound (``<dtype>_bound_cond_max`` in the record), or out of that
-    dtype's domain (a ``large`` case past float16's 65,504). The cause is then ``undeclared_precision``:
-    declared (`Capabilities.computes_in`), the case is judged at that bound and range.
-    Outputs that are numbers of both half precisions (bfloat16's 8 bits fit in float16's 11 within its
-    range) name both."""
-    out = outputs["output"].detach().to("cpu", torch.float64)
-    exact = traces["output"].out.detach().to("cpu", torch.float64)
-    finite = torch.isfinite(out) & torch.isfinite(exact)
-    got, want = out[finite], exact[finite]
-    if got.numel() == 0:
-        return None
-    named = []
-    for half in HALF_PRECISIONS:
-        dtype = DTYPE_NAMES[half]
-        if not bool((got.to(dtype).to(torch.float64) == got).all()):
-            continue
-        rounded = (want.to(dtype).to(torch.float64) != want) & (got.abs() >= torch.finfo(dtype).tiny)
-        if not bool(rounded.any()):
-            continue
+    every finite output is a number of that dtype (`half_numbers`), and the output judged at that dtype's
+    bound is equivalent (``<dtype>_bound_cond_max`` in the record) or out of its domain (`half_judged`). The
+    cause is then ``undeclared_precision``: declared (`Capabilities.computes_in`), the case is judged at that
+    bound and range."""
+    judged = []
+    for half in half_numbers(outputs["output"], traces["output"].out):
         div, judgement = _judge_outputs(problem, outputs, traces, None, half, options)
         record[f"{half}_bound_cond_max"] = div.cond_max
-        if judgement.verdict is Verdict.EQUIVALENT:
-            named.append((half, f"within its rounding bound (cond_max {div.cond_max:.3g} in {half}'s units)"))
-        elif judgement.verdict is Verdict.OUT_OF_DOMAIN:  # its range: a `large` case overflows it
-            named.append((half, f"out of its domain ({domain_kind(div)}: {judgement.why[:120]})"))
-    if not named:
-        return None
-    halves = " or ".join(half for half, _ in named)
-    judged = "; ".join(f"judged as {half}, {how}" for half, how in named)
-    declare = " or ".join(f"Capabilities(computes_in={{'{precision}': '{half}'}})" for half, _ in named)
-    return (f"undeclared precision: every finite output is a {' and a '.join(h for h, _ in named)} number (the exact "
-            f"values are not); {judged}: the kernel computes in {halves} whatever its input; declare {declare} in a "
-            f"KernelSpec, or compute in {precision}")
+        fits = half_judged(half, div, judgement)
+        if fits is not None:
+            judged.append((half, fits))
+    return half_precision_why(judged, precision) if judged else None
 
 
 def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:

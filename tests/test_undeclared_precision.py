@@ -182,3 +182,29 @@ def test_the_kernel_declaring_bfloat16_is_held_to_it_and_passes():
     for seed in range(4):
         record = run_case(spec, SCAN.replace(seed=seed), OPTIONS)
         assert record["verdict"] == "equivalent" and record["precision"] == "bfloat16", record["why"]
+
+
+def _loop_in_bfloat16(a, b):
+    """The plain loop in bfloat16 on torch operations (autograd through the casts)."""
+    ab, bb = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    h, out = torch.zeros_like(ab[..., 0]), []
+    for t in range(ab.shape[-1]):
+        h = ab[..., t] * h + bb[..., t]
+        out.append(h)
+    return torch.stack(out, -1).to(a.dtype)
+
+
+def test_a_gradient_computed_in_half_precision_names_it_too():
+    """Its backward gives bfloat16 gradients. On a case whose forward is exact in bfloat16 (the inputs and
+    every step bfloat16 numbers, as a shrunk case's are) the forward is equivalent and the gradients
+    diverge (the cotangent rounded to bfloat16): `kernel_bug` before, as `harness check` said."""
+    from harness.gradients import gradient_case
+
+    spec = user_kernel_spec(_loop_in_bfloat16, family="linear_scan")
+    exact = SCAN.replace(length=3, dim=2, batch=1, values={"a": [0.5, 0.25, 0.5, 0.75, 0.5, 1.0],
+                                                          "b": [1.0, -2.0, 0.5, 3.0, 0.125, 1.5]})
+    records = gradient_case(spec, exact, OPTIONS)
+    assert {r["grad_of"] for r in records if r.get("mode") == "grad"} == {"a", "b"}
+    divergent = [r for r in records if r["verdict"] == "divergent"]
+    assert divergent and {r["cause"] for r in divergent} == {"undeclared_precision"}, [r["why"] for r in divergent]
+    assert all("computes_in={'float32': 'bfloat16'}" in r["why"] for r in divergent)
