@@ -271,7 +271,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         _second_dtype(spec, problem, options, inputs, records)
     if options.precision_counterfactual and precision in ("float64", "float32"):
         for record in records:
-            if record["verdict"] == "divergent" and record["cause"] == "kernel_bug":
+            if record["verdict"] == "divergent" and record["cause"] in ("kernel_bug", "precision_loss"):
                 name = record["grad_of"]
                 _half_precision(record, got[name], want[name], g.numel(), natural_of[name], precision, options)
     if options.factor_counterfactual:

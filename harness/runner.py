@@ -282,8 +282,8 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         if found is not None:
             cause = "undeclared_precision" if named else cause
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
-    if (cause == "kernel_bug" and precision in ("float64", "float32") and not record.get("future_leak")
-            and options.precision_counterfactual):
+    if (cause in ("kernel_bug", "precision_loss") and precision in ("float64", "float32")
+            and not record.get("future_leak") and options.precision_counterfactual):
         t0 = time.perf_counter()
         found = _half_precision_outputs(problem, outputs, traces, options, record, precision)
         timings["t_half_precision"] = time.perf_counter() - t0
@@ -902,7 +902,9 @@ def _half_precision_outputs(problem: Problem, outputs: dict[str, Any], traces: d
 
     A kernel that computes in bfloat16 whatever its input and casts its result back was ``kernel_bug`` from
     L = 1 (cond 1.3e4 in float32, 4.7e12 in float64: the output is b rounded to bfloat16), and its float64
-    rerun diverges as much, so `_precision_counterfactual` cannot say it. Its outputs say it without a call:
+    rerun diverges as much, so `_precision_counterfactual` cannot say it; under CPU autocast (bfloat16 matmuls
+    for float32 inputs only) the float64 rerun is equivalent and it said ``precision_loss``, "the algorithm
+    loses digits", of a parallel retention off 3e5 times the float32 loop at L = 1. Its outputs say it without a call:
     every finite output is a number of that dtype (`half_numbers`), and the output judged at that dtype's
     bound is equivalent (``<dtype>_bound_cond_max`` in the record) or out of its domain (`half_judged`). The
     cause is then ``undeclared_precision``: declared (`Capabilities.computes_in`), the case is judged at that

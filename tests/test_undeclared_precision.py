@@ -208,3 +208,29 @@ def test_a_gradient_computed_in_half_precision_names_it_too():
     divergent = [r for r in records if r["verdict"] == "divergent"]
     assert divergent and {r["cause"] for r in divergent} == {"undeclared_precision"}, [r["why"] for r in divergent]
     assert all("computes_in={'float32': 'bfloat16'}" in r["why"] for r in divergent)
+
+
+def _retention_under_autocast(q, k, v):
+    """A parallel retention run under CPU autocast, as a training loop would: bfloat16 matmuls for float32
+    inputs (float64 is left alone, so its float64 rerun is exact)."""
+    heads, length = q.shape[2], q.shape[1]
+    gamma = 1 - 2.0 ** (-5 - torch.arange(heads, dtype=torch.float64))
+    n = torch.arange(length, dtype=torch.float64)
+    mask = (gamma[:, None, None] ** (n[:, None] - n[None, :]).clamp(min=0)) * (n[:, None] >= n[None, :])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+        scores = (qh @ kh.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        out = (scores * mask.to(scores.dtype)) @ vh
+    return out.transpose(1, 2).to(q.dtype)
+
+
+def test_autocast_is_an_undeclared_precision_not_a_precision_loss():
+    """Its float64 rerun is equivalent (autocast leaves float64 alone), so the cause was ``precision_loss``:
+    "the algorithm is right and loses digits a plain loop keeps", for a kernel 3e5 times the float32 loop's
+    error at L = 1. Its outputs are bfloat16 numbers: the cause says what the kernel does."""
+    spec = user_kernel_spec(_retention_under_autocast, family="retention")
+    for length in (1, 64):
+        record = run_case(spec, RETENTION.replace(dtype="float32", length=length), OPTIONS)
+        assert record["verdict"] == "divergent" and record["float64_verdict"] == "equivalent"
+        assert record["cause"] == "undeclared_precision", record["why"]
+        assert "computes_in={'float32': 'bfloat16'}" in record["why"]
