@@ -155,9 +155,23 @@ def _spec(name: str) -> KernelSpec:
                       capabilities=Capabilities(devices=("cpu",)), source="user")
 
 
+def _loop_scan_with_state_in(state_dtype_for):
+    """Each step computed in the input dtype from a state kept in ``state_dtype_for(dtype)``: the outputs are
+    the input dtype's results, the state's rounding is what is lost."""
+    def scan(a, b):
+        h = torch.zeros(a.shape[:-1], dtype=state_dtype_for(a.dtype))
+        out = torch.empty_like(a)
+        for t in range(a.shape[-1]):
+            out[..., t] = a[..., t] * h.to(a.dtype) + b[..., t]
+            h = out[..., t].to(h.dtype)
+        return out
+
+    return scan
+
+
 def test_precision_lost_by_the_algorithm_is_named_precision_loss():
-    # a float32 kernel that keeps its state in bfloat16 (and float64 in float64): algebraically right
-    kernel = _loop_scan_in(lambda d: torch.float64 if d == torch.float64 else torch.bfloat16)
+    # a float32 kernel that keeps its state in bfloat16 between steps (and float64 in float64): algebraically right
+    kernel = _loop_scan_with_state_in(lambda d: torch.float64 if d == torch.float64 else torch.bfloat16)
     p = Problem(family="linear_scan", length=64, dtype="float32", regime="trained", batch=1, dim=4, seed=3)
     rec = run_case(_spec("user.bf16_state"), p, RunOptions(timeout_s=None), kernel_fn=kernel)
     assert rec["verdict"] == "divergent" and rec["cause"] == "precision_loss", rec["why"]
@@ -168,6 +182,10 @@ def test_precision_lost_by_the_algorithm_is_named_precision_loss():
     off = run_case(_spec("user.bf16_state"), p, RunOptions(timeout_s=None, precision_counterfactual=False),
                    kernel_fn=kernel)
     assert off["cause"] == "kernel_bug" and "float64_verdict" not in off
+    # computed wholly in bfloat16 (outputs too): every output a bfloat16 number, named for what it is
+    whole = run_case(_spec("user.bf16_loop"), p, RunOptions(timeout_s=None),
+                     kernel_fn=_loop_scan_in(lambda d: torch.float64 if d == torch.float64 else torch.bfloat16))
+    assert whole["float64_verdict"] == "equivalent" and whole["cause"] == "undeclared_precision", whole["why"]
 
 
 def test_an_algebraic_mistake_stays_a_kernel_bug():
