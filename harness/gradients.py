@@ -38,8 +38,8 @@ from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import (RunOptions, call_args, explains, factor_clause, factors_to_try, half_judged, half_numbers,
-                            half_precision_why, inputs_in, output_shape, reference_trace, rerun_options, run_case)
+from harness.runner import (RunOptions, call_args, explains, factor_clause, factors_to_try, half_precision_clause,
+                            inputs_in, output_shape, reference_trace, rerun_options, run_case)
 from harness.verdict import judge
 from reference_impls.trace import Trace
 
@@ -309,25 +309,20 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
 
 def _half_precision(record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor, n_terms: int,
                     natural: torch.Tensor, precision: str, options: RunOptions) -> None:
-    """Name a divergent float32/float64 gradient that a half-precision computation gives, as
-    `runner._half_precision_outputs` names an output: every finite element a bfloat16 (float16) number
-    (`runner.half_numbers`), and the gradient judged at that dtype's bound equivalent or out of its domain.
-    The cause is then ``undeclared_precision``; the verdict is unchanged."""
+    """Name a divergent float32/float64 gradient that a half-precision computation gives, as an output is
+    named (`runner.half_precision_clause`), judged at that dtype's bound. The cause is then
+    ``undeclared_precision``; the verdict is unchanged."""
     from harness.metrics import measure
 
-    if actual is None:
-        return
-    judged = []
-    for half in half_numbers(actual, ref):
+    def judge_at(half: str):
         div = measure(actual.detach(), _gradient_trace(ref.detach(), n_terms, natural), dtype=half, tf32=False,
                       baseline=None, length_axis=-1, cond_threshold=options.policy.cond_threshold)
-        record[f"{half}_bound_cond_max"] = div.cond_max
-        fits = half_judged(half, div, judge(div, options.policy))
-        if fits is not None:
-            judged.append((half, fits))
-    if judged:
+        return div, judge(div, options.policy)
+
+    clause = None if actual is None else half_precision_clause(actual, ref, judge_at, record, precision,
+                                                              "gradient element")
+    if clause is not None:
         record["cause"] = "undeclared_precision"
-        clause = half_precision_why(judged, precision, "gradient element")
         record["why"] = f"{record['why']}; {clause}"
 
 

@@ -854,7 +854,7 @@ def _undeclared_precision(problem: Problem, outputs: dict[str, Any], traces: dic
 HALF_PRECISIONS = ("bfloat16", "float16")
 
 
-def half_numbers(actual: torch.Tensor, exact: torch.Tensor) -> list[str]:
+def _half_numbers(actual: torch.Tensor, exact: torch.Tensor) -> list[str]:
     """The half precisions (`HALF_PRECISIONS`) whose numbers every finite element of ``actual`` is, with at
     least one of them a normal number of that dtype where the ``exact`` value is not one: the evidence that a
     float32 or float64 kernel rounded its result to that dtype (a float32 result is a bfloat16 number by chance
@@ -876,7 +876,7 @@ def half_numbers(actual: torch.Tensor, exact: torch.Tensor) -> list[str]:
     return named
 
 
-def half_judged(half: str, div: Any, judgement: Judgement) -> str | None:
+def _half_judged(half: str, div: Any, judgement: Judgement) -> str | None:
     """How a result judged at ``half``'s bound fits a half-precision computation: within the bound, or out of
     that dtype's domain (a ``large`` case past float16's 65,504); None when it is beyond the bound."""
     if judgement.verdict is Verdict.EQUIVALENT:
@@ -886,8 +886,23 @@ def half_judged(half: str, div: Any, judgement: Judgement) -> str | None:
     return None
 
 
-def half_precision_why(judged: list[tuple[str, str]], precision: str, what: str = "output") -> str:
-    """The why's clause of ``undeclared_precision`` for the half precisions ``judged`` as (dtype, how)."""
+def half_precision_clause(actual: torch.Tensor, exact: torch.Tensor,
+                          judge_at: Callable[[str], tuple[Any, Judgement]], record: dict[str, Any], precision: str,
+                          what: str = "output") -> str | None:
+    """The why's clause of ``undeclared_precision`` when a divergent float32/float64 result ``actual`` is a
+    half-precision computation's, else None: its elements are all one half precision's numbers
+    (`_half_numbers`), and ``judge_at(half)`` (the result's (`Divergence`, `Judgement`) at that dtype's bound)
+    finds it within the bound or out of that dtype's domain (`_half_judged`; ``<half>_bound_cond_max`` goes into
+    ``record``). One definition for outputs (`_half_precision_outputs`) and gradients (`harness.gradients`)."""
+    judged = []
+    for half in _half_numbers(actual, exact):
+        div, judgement = judge_at(half)
+        record[f"{half}_bound_cond_max"] = div.cond_max
+        fits = _half_judged(half, div, judgement)
+        if fits is not None:
+            judged.append((half, fits))
+    if not judged:
+        return None
     halves = " or ".join(half for half, _ in judged)
     how = "; ".join(f"judged as {half}, {fits}" for half, fits in judged)
     declare = " or ".join(f"Capabilities(computes_in={{'{precision}': '{half}'}})" for half, _ in judged)
@@ -904,19 +919,11 @@ def _half_precision_outputs(problem: Problem, outputs: dict[str, Any], traces: d
     L = 1 (cond 1.3e4 in float32, 4.7e12 in float64: the output is b rounded to bfloat16), and its float64
     rerun diverges as much, so `_precision_counterfactual` cannot say it; under CPU autocast (bfloat16 matmuls
     for float32 inputs only) the float64 rerun is equivalent and it said ``precision_loss``, "the algorithm
-    loses digits", of a parallel retention off 3e5 times the float32 loop at L = 1. Its outputs say it without a call:
-    every finite output is a number of that dtype (`half_numbers`), and the output judged at that dtype's
-    bound is equivalent (``<dtype>_bound_cond_max`` in the record) or out of its domain (`half_judged`). The
-    cause is then ``undeclared_precision``: declared (`Capabilities.computes_in`), the case is judged at that
-    bound and range."""
-    judged = []
-    for half in half_numbers(outputs["output"], traces["output"].out):
-        div, judgement = _judge_outputs(problem, outputs, traces, None, half, options)
-        record[f"{half}_bound_cond_max"] = div.cond_max
-        fits = half_judged(half, div, judgement)
-        if fits is not None:
-            judged.append((half, fits))
-    return half_precision_why(judged, precision) if judged else None
+    loses digits", of a parallel retention off 3e5 times the float32 loop at L = 1. Its outputs say it without
+    a call (`half_precision_clause`); declared (`Capabilities.computes_in`), the case is judged at that bound."""
+    return half_precision_clause(outputs["output"], traces["output"].out,
+                                 lambda half: _judge_outputs(problem, outputs, traces, None, half, options),
+                                 record, precision)
 
 
 def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:
