@@ -281,14 +281,14 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     def where(record: dict[str, Any]) -> Path | None:  # the failing case's file: one per kernel, family and dtype
         if not save_counterexample:
             return None
-        return counterexample_path(spec.name, spec.family.value, directory=counterexample_dir, kernel_target=target,
+        kernel = record["kernel"] if record.get("mode") == "grad" else spec.name  # a gradient's case: its own file
+        return counterexample_path(kernel, spec.family.value, directory=counterexample_dir, kernel_target=target,
                                    dtype=record.get("dtype"))
     failed: dict[str, dict[str, Any]] = {}  # problem key -> its failing record (hypothesis replays failures)
     problem_of: dict[str, Any] = {}
     first_failure: list[float] = []  # when the first failure was seen: the shrink phase starts there
 
     run_case = _with_gradients(_run_case, gradient_case, spec, result, store) if grad else _run_case
-    _save = _forward_only(_save_case)  # `harness replay` re-runs forwards: no saved case for a gradient
     format_failure = _naming_gradients(_format_failure)
 
     def fail(record: dict[str, Any]):
@@ -367,8 +367,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     if result.failure is not None and save_counterexample:
         problem = problem_of.get(result.failure.get("case"))
         if problem is not None:
-            result.counterexample = _save(result.failure, problem, directory=counterexample_dir,
-                                          kernel_target=target)
+            result.counterexample = _save_case(result.failure, problem, directory=counterexample_dir,
+                                               kernel_target=target)
     return result
 
 
@@ -434,19 +434,12 @@ def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpe
     return run
 
 
-def _forward_only(save: Callable) -> Callable:
-    def save_forward(record: dict[str, Any], problem, **kwargs):
-        return None if record.get("mode") == "grad" else save(record, problem, **kwargs)
-
-    return save_forward
-
-
 def _naming_gradients(format_failure: Callable) -> Callable:
     def with_gradient_note(record, judgement, replay=None, context=()) -> str:
         message = format_failure(record, judgement, replay=replay, context=context)
         if isinstance(record, dict) and record.get("mode") == "grad":
             message = (f"The gradient of {record['kernel']} diverges (the forward is equivalent; the replay "
-                       f"command re-runs the forward only).\n{message}")
+                       f"command takes that gradient again).\n{message}")
         return message
 
     return with_gradient_note

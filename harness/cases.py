@@ -63,6 +63,12 @@ def counterexample_path(kernel: str, family: str, *, directory: Path | None = No
     return Path(directory or counterexamples_dir()) / name
 
 
+def kernel_of(record: dict[str, Any]) -> str:
+    """The kernel a record ran: ``NAME`` of a gradient record's ``NAME:grad[INPUT]`` (`harness.gradients`)."""
+    kernel = str(record["kernel"])
+    return kernel.rsplit(":grad[", 1)[0] if record.get("mode") == "grad" else kernel
+
+
 def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: Path | None = None,
                         expect: str = "equivalent", kernel_target: str | None = None) -> Path:
     """Write (overwrite) the counterexample of ``record``'s kernel and family (`counterexample_path`).
@@ -70,12 +76,12 @@ def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: 
     Hypothesis replays the shrunk example last, so overwriting on every failure leaves the minimal one.
     ``kernel_target`` (``path.py:attr``) is stored for kernels that are not registered by name.
     """
-    kernel = record["kernel"]
-    path = counterexample_path(kernel, problem.family.value, directory=directory, kernel_target=kernel_target,
-                               dtype=problem.dtype)
+    path = counterexample_path(record["kernel"], problem.family.value, directory=directory,
+                               kernel_target=kernel_target, dtype=problem.dtype)
     path.parent.mkdir(parents=True, exist_ok=True)
+    grad_of = record.get("grad_of") if record.get("mode") == "grad" else None
     data = {
-        "kernel": kernel,
+        "kernel": kernel_of(record),
         "kernel_target": kernel_target,
         "family": problem.family.value,
         "expect": expect,
@@ -83,6 +89,8 @@ def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: 
         "found": {k: record.get(k) for k in _KEPT_METRICS if k in record},
         "n_elements": problem.n_elements(),
     }
+    if grad_of is not None:  # a gradient's counterexample: `replay` takes that input's gradient again
+        data["grad_of"] = grad_of
     path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     return path
 
@@ -95,6 +103,8 @@ class SavedCase:
     problem: Problem
     expect: str
     found: dict[str, Any]
+    #: The input whose gradient the case is about (a gradient's counterexample), else None: the forward.
+    grad_of: str | None = None
 
 
 def problem_from_json(data: Any, where: str) -> Problem:
@@ -126,7 +136,7 @@ def load_case(path: str | Path) -> SavedCase:
     for key in ("kernel", "problem"):
         if key not in data:
             raise InvalidArgument(f"case file {str(path)!r} has no {key!r} field")
-    for key in ("kernel", "kernel_target", "expect"):
+    for key in ("kernel", "kernel_target", "expect", "grad_of"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise InvalidArgument(f"case file {str(path)!r}: {key}={data[key]!r} is not a string")
     found = data.get("found", {})
@@ -135,7 +145,30 @@ def load_case(path: str | Path) -> SavedCase:
         raise InvalidArgument(f"case file {str(path)!r}: family={data['family']!r} but its problem's family is "
                               f"{problem.family.value!r}; expected the same family in both (an edited file?)")
     return SavedCase(path, data["kernel"], data.get("kernel_target"), problem, data.get("expect", "equivalent"),
-                     found if isinstance(found, dict) else {})
+                     found if isinstance(found, dict) else {}, data.get("grad_of"))
+
+
+def replay(spec, problem: Problem, grad_of: str | None = None, options=None) -> dict[str, Any]:
+    """The record of one case run again: its forward, or with ``grad_of`` that input's gradient (the forward
+    record instead when the forward is no longer equivalent: no gradient is taken then).
+
+    One definition for `harness replay`, the saved-case replays of a project's suite and the plugin: a
+    gradient's counterexample replays its gradient, not only the forward that was right all along."""
+    from harness.runner import RunOptions, run_case
+
+    options = options or RunOptions()
+    if grad_of is None:
+        return run_case(spec, problem, options)
+    from harness.gradients import gradient_case
+
+    records = gradient_case(spec, problem, options)
+    for record in records:
+        if record.get("mode") != "grad" or record.get("grad_of") in (grad_of, "*"):
+            return record
+    taken = sorted(str(r.get("grad_of")) for r in records)
+    raise InvalidArgument(f"grad_of={grad_of!r}: the replay took no gradient of that input (taken: {taken or 'none'}, "
+                          f"kernel {spec.name}); expected one of the family's differentiable inputs "
+                          f"{list(problem.definition.grad_inputs)} of a kernel whose output is differentiable")
 
 
 def saved_cases(directory: Path | None = None) -> list[Path]:

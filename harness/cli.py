@@ -353,13 +353,14 @@ def _progress(rec: dict) -> None:
 
 
 def cmd_replay(args) -> int:
-    from harness.cases import load_case, resolve_kernel
-    from harness.problems import Problem
-    from harness.runner import RunOptions, run_case
+    from harness.cases import load_case, replay, resolve_kernel
+    from harness.runner import RunOptions
 
+    grad_of = args.grad_of
     if args.file:
         case = load_case(args.file)
         problem, expect = case.problem, case.expect
+        grad_of = grad_of or case.grad_of
         if args.kernel and args.kernel != case.kernel_target:  # the user names the kernel: run that one
             spec = _replay_kernel(args.kernel, problem.family.value)
         else:
@@ -377,8 +378,8 @@ def cmd_replay(args) -> int:
 
         problem, expect = problem_from_json(data, "--problem"), None
         spec = _replay_kernel(args.kernel, problem.family.value)
-    record = run_case(spec, problem, RunOptions(policy=_policy(args)))
-    keys = ("kernel", "family", "dtype", "length", "regime", "verdict", "cause", "why", "cond_max", "max_abs",
+    record = replay(spec, problem, grad_of, RunOptions(policy=_policy(args)))
+    keys = ("kernel", "grad_of", "family", "dtype", "length", "regime", "verdict", "cause", "why", "cond_max", "max_abs",
             "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class", "outcome", "error")
     for key in keys:
         if record.get(key) is not None:
@@ -525,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", nargs="?")
     s.add_argument("--kernel", default=None)
     s.add_argument("--problem", default=None, help="the problem as JSON (from a record's replay command)")
+    s.add_argument("--grad-of", default=None, metavar="INPUT",
+                   help="take the gradient of INPUT instead of the forward output (a gradient's case file says so itself)")
     s.add_argument("--trust-case-file", action="store_true",
                    help="import the module or file the case file's kernel_target names (never done otherwise: "
                         "a case file is data); --kernel TARGET runs a user kernel without it")

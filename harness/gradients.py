@@ -225,7 +225,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         what = f"forward with inputs requiring grad {got}" if forward_failed else f"backward {got}"
         message = f"{outcome.value}: {what}"
         record = dict(forward, mode="grad", grad_of="*", outcome=outcome.value, error=message,
-                      kernel=f"{spec.name}:grad[*]")
+                      kernel=f"{spec.name}:grad[*]", replay=_replay_gradient(forward.get("replay"), "*"))
         judgement = judge({}, options.policy, kernel_error=message)
         record.update(verdict=judgement.verdict.value, why=judgement.why, cause=outcome.value)
         return [record]
@@ -262,6 +262,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         record = {k: v for k, v in forward.items() if not k.startswith(("t_", "cond", "max_", "ulp", "worst"))}
         record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype",)})
         record.update(mode="grad", grad_of=name, verdict=judgement.verdict.value, why=judgement.why,
+                      replay=_replay_gradient(forward.get("replay"), name),
                       cause={"equivalent": "rounding", "divergent": "kernel_bug"}.get(judgement.verdict.value,
                                                                                        "input_overflow"),
                       kernel=f"{spec.name}:grad[{name}]", t_kernel=round(t_kernel, 6))
@@ -282,6 +283,13 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                 _constant_factor(problem, record, got[name], want[name], low, g.numel(), natural_of[name], precision,
                                  options, spec.convention)
     return records
+
+
+def _replay_gradient(forward_replay: str | None, name: str) -> str | None:
+    """The forward's replay command, made to take the gradient of input ``name`` (`harness replay --grad-of`)."""
+    import shlex
+
+    return None if not forward_replay else f"{forward_replay} --grad-of {shlex.quote(name)}"
 
 
 def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor,

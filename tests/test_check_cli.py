@@ -141,6 +141,15 @@ def test_a_wrong_backward_fails_check_unless_no_grad(tmp_path, kernel_file, flag
     grads = [r for r in records if r.get("mode") == "grad"]
     if status:
         assert "The gradient of" in proc.stdout and any(r["verdict"] == "divergent" for r in grads), _out(proc)
+        # the gradient's counterexample is saved and its replay takes that gradient again (before, the message
+        # named a file that was never written, and a replay ran the forward, which is right)
+        saved = list((tmp_path / "cases").glob("*.json"))
+        assert len(saved) == 1 and f"counterexample saved: {saved[0]}" in proc.stdout, _out(proc)
+        case = json.loads(saved[0].read_text())
+        assert case["grad_of"] in ("a", "b") and case["kernel"].endswith(":scan_backward_ignores_decay"), case
+        replayed = harness(tmp_path, "replay", str(saved[0]), "--kernel", f"{kernel_file}:scan_backward_ignores_decay")
+        assert replayed.returncode == 1, _out(replayed)
+        assert f"grad_of: {case['grad_of']}" in replayed.stdout and "verdict: divergent" in replayed.stdout, _out(replayed)
     else:
         assert not grads
 

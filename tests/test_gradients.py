@@ -89,6 +89,29 @@ def test_a_wrong_backward_is_found_while_the_forward_is_right(dtype):
     assert by_input["b"]["cause"] == "kernel_bug"
 
 
+def test_a_gradient_s_counterexample_replays_that_gradient(tmp_path):
+    """`harness.check` saves a gradient's failure (it named a file it never wrote) and `cases.replay` takes
+    that input's gradient again: the forward alone is equivalent and would hide the bug. Its replay command
+    (failures.csv, the message) says ``--grad-of``; an input with no gradient is refused, named."""
+    from harness.api import check
+    from harness.cases import load_case, replay
+    from harness.errors import InvalidArgument
+
+    spec = _planted(_LeakyBackward.apply, "planted.leaky_backward")
+    result = check(spec, profile="ci", dtypes=("float64",), max_examples=8, shrink_deadline_s=5.0,
+                   counterexample_dir=tmp_path, check_determinism=False, isolation="in-process")
+    assert not result.passed and result.failure["mode"] == "grad", result.message
+    assert result.counterexample is not None and result.counterexample.is_file(), result.message
+    assert str(result.counterexample) in result.message and "--grad-of" in result.failure["replay"]
+    case = load_case(result.counterexample)
+    assert case.kernel == "planted.leaky_backward" and case.grad_of == result.failure["grad_of"]
+    again = replay(spec, case.problem, case.grad_of, RunOptions())
+    assert again["grad_of"] == case.grad_of and again["verdict"] == "divergent", again["why"]
+    assert replay(spec, case.problem, None, RunOptions())["verdict"] == "equivalent"  # what replay ran before
+    with pytest.raises(InvalidArgument, match="grad_of='dt'"):
+        replay(spec, case.problem, "dt", RunOptions())
+
+
 class _NegatedBackward(_LeakyBackward):
     """The right adjoint (autograd through the same scan), returned with its sign flipped."""
 
