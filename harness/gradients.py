@@ -177,12 +177,14 @@ def term_scale(problem: Problem, x: dict[str, torch.Tensor], cot: torch.Tensor, 
     return problem.definition.term_scale(problem, x, cot, names, convention, _vjp)
 
 
-def _gradient_trace(ref: torch.Tensor, n_terms: int, natural: torch.Tensor) -> Trace:
-    """A trace for a gradient: the normwise bound of a sum of ``n_terms`` terms (see the module doc)."""
+def _gradient_trace(ref: torch.Tensor, n_terms: int, natural: torch.Tensor,
+                    norm_peak: torch.Tensor | None = None) -> Trace:
+    """A trace for a gradient: the normwise bound of a sum of ``n_terms`` terms (see the module doc), and the
+    family's range domain of the backward where it has one (``norm_peak``: `Definition.gradient_norm_peak`)."""
     top = torch.maximum(natural.to(ref.dtype), ref.abs().max() if ref.numel() else torch.zeros((), dtype=ref.dtype))
     scale = top * float((n_terms + GRAD_OPS) * GRADIENT_SLACK)
     zero = torch.zeros_like(ref)
-    return Trace(out=ref, magnitude=zero, growth=scale, state_peak=zero, decay_peak=zero)
+    return Trace(out=ref, magnitude=zero, growth=scale, state_peak=zero, decay_peak=zero, norm_peak=norm_peak)
 
 
 def cotangent(problem: Problem, shape: tuple[int, ...]) -> torch.Tensor:
@@ -236,6 +238,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     y_scale = float(reference_trace(problem, x64, spec.convention).magnitude.max())
     want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
     terms = term_scale(problem, x64, g, names, spec.convention)
+    peaks = problem.definition.gradient_norm_peak(problem, x64, names, spec.convention) or {}
     base = None
     if storage != "float64":
         low = {k: v.to(DTYPE_NAMES[storage]) for k, v in x64.items()}
@@ -254,7 +257,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         if terms is not None and terms.get(name) is not None:
             natural = torch.maximum(natural, terms[name])
         natural_of[name] = natural
-        div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural), dtype=precision,
+        div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural, peaks.get(name)),
+                      dtype=precision,
                       tf32=problem.tf32,
                       baseline=None if base is None or base[name] is None else base[name].detach(),
                       length_axis=axis, cond_threshold=options.policy.cond_threshold)
@@ -274,14 +278,15 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         for record in records:
             if record["verdict"] == "divergent" and record["cause"] in ("kernel_bug", "precision_loss"):
                 name = record["grad_of"]
-                _half_precision(record, got[name], want[name], g.numel(), natural_of[name], precision, options)
+                _half_precision(record, got[name], want[name], g.numel(), natural_of[name], precision, options,
+                                peaks.get(name))
     if options.factor_counterfactual:
         for record in records:
             if record["verdict"] == "divergent" and record["cause"] == "kernel_bug":
                 name = record["grad_of"]
                 low = None if base is None or base[name] is None else base[name].detach()
                 _constant_factor(problem, record, got[name], want[name], low, g.numel(), natural_of[name], precision,
-                                 options, spec.convention)
+                                 options, spec.convention, peaks.get(name))
     return records
 
 
@@ -294,7 +299,8 @@ def _replay_gradient(forward_replay: str | None, name: str) -> str | None:
 
 def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor,
                      baseline: torch.Tensor | None, n_terms: int, natural: torch.Tensor, precision: str,
-                     options: RunOptions, convention: RetentionConvention) -> None:
+                     options: RunOptions, convention: RetentionConvention,
+                     norm_peak: torch.Tensor | None = None) -> None:
     """Name a divergent gradient that is the exact one times a constant (a backward on another scale, a
     flipped sign) as `runner._constant_factor` names an output: judged again against the exact gradient
     times each factor `runner.factors_to_try` gives (the trace's scale and the same-dtype gradient with it);
@@ -305,7 +311,7 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
         return
     for factor, meaning in factors_to_try(problem, actual, ref, precision, convention):
         low = None if baseline is None else (baseline.to(torch.float64) * factor).to(baseline.dtype)
-        div = measure(actual.detach(), _gradient_trace(ref.detach() * factor, n_terms, natural * abs(factor)),
+        div = measure(actual.detach(), _gradient_trace(ref.detach() * factor, n_terms, natural * abs(factor), norm_peak),
                       dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,
                       cond_threshold=options.policy.cond_threshold)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, div.cond_max
@@ -316,14 +322,16 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
 
 
 def _half_precision(record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor, n_terms: int,
-                    natural: torch.Tensor, precision: str, options: RunOptions) -> None:
+                    natural: torch.Tensor, precision: str, options: RunOptions,
+                    norm_peak: torch.Tensor | None = None) -> None:
     """Name a divergent float32/float64 gradient that a half-precision computation gives, as an output is
     named (`runner.half_precision_clause`), judged at that dtype's bound. The cause is then
     ``undeclared_precision``; the verdict is unchanged."""
     from harness.metrics import measure
 
     def judge_at(half: str):
-        div = measure(actual.detach(), _gradient_trace(ref.detach(), n_terms, natural), dtype=half, tf32=False,
+        div = measure(actual.detach(), _gradient_trace(ref.detach(), n_terms, natural, norm_peak), dtype=half,
+                      tf32=False,
                       baseline=None, length_axis=-1, cond_threshold=options.policy.cond_threshold)
         return div, judge(div, options.policy)
 

@@ -190,6 +190,32 @@ def test_the_in_tree_scan_gradients_are_equivalent():
     assert records and all(r["verdict"] == "equivalent" for r in records), [r["why"] for r in records]
 
 
+def _rsqrt_normed(q, k, v, eps):
+    """Retention with the common RMSNorm, ``o * rsqrt(mean(o^2) + eps)`` (torchscale's, LLaMA's): right, and its
+    autograd forms ``m^(-3/2)``, which overflows float32 where the output's RMS is below about 1e-13."""
+    from harness.kernels.retnet_forms import retention_parallel
+
+    o = retention_parallel(q, k, v)
+    return o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+def test_the_norm_s_backward_past_the_range_is_out_of_domain_not_a_bug():
+    """torchscale's RMSNorm in float32, eps = 0, `tiny` inputs (a nightly finding, an output of RMS 1e-17): its
+    gradient is -inf where the exact one is -7e4, and its float64 rerun normalises in float32 too, so nothing
+    named it: `kernel_bug`. The backward's 1/r^3 past float32's max is the input's range, as the forward's 1/m
+    is (`Definition.gradient_norm_peak`). The same kernel in range, and a wrong backward, are still judged."""
+    spec = KernelSpec(name="planted.rsqrt_normed", family="retention_normed", load=lambda: _rsqrt_normed,
+                      capabilities=Capabilities(dtypes=("float64", "float32"), autograd=True), source="test")
+    tiny = Problem("retention_normed", 1, dtype="float32", regime="tiny", seed=0, batch=1, heads=1, dk=1, dv=65,
+                   eps=0.0)
+    records = {r["grad_of"]: r for r in gradient_case(spec, tiny)}
+    assert records["v"]["verdict"] == "out_of_domain", records["v"]["why"]
+    assert "1/r^3" in records["v"]["why"] and records["v"]["norm_peak_max"] > 3.4e38, records["v"]["why"]
+    longer = Problem("retention_normed", 40, dtype="float32", regime="trained", seed=3, batch=1, heads=2, dk=4,
+                     dv=8, eps=0.0)
+    assert all(r["verdict"] == "equivalent" for r in gradient_case(spec, longer)), "in range: judged, and right"
+
+
 def test_a_norm_over_one_element_is_not_a_false_alarm():
     """dv = 1, eps = 0: y = sign(o), whose exact gradient is 0 through terms of size 1/|o|. The bound takes
     its scale from the forward's magnitude companion; with max|y| = 1 as the scale, the ci profile called

@@ -189,6 +189,13 @@ class FamilyDef:
         (`harness.gradients.term_scale`); None where it is not."""
         return None
 
+    def gradient_norm_peak(self, p: "Problem", x: dict[str, torch.Tensor], names: tuple[str, ...],
+                           convention: RetentionConvention) -> dict[str, torch.Tensor] | None:
+        """Per element of each input in ``names``: the largest intermediate a correct backward forms on the
+        way to its gradient, where the family has one beyond the forward's (`harness.gradients`: judged as a
+        trace's ``norm_peak``, out of domain above the dtype's max); None where it has none."""
+        return None
+
     # ----------------------------------------------------------------------------- strategies
     def element_bounds(self, p: "Problem", name: str) -> tuple[float, float]:
         """The range of hypothesis-drawn element values of input ``name`` in ``p``'s regime."""

@@ -47,6 +47,23 @@ class RetentionNormed(Retention):
         gamma, scale = self._convention(p, convention)
         return ad.retention_normed(x["q"], x["k"], x["v"], p.eps, gamma, scale)
 
+    def gradient_norm_peak(self, p, x, names, convention):
+        """The norm's backward forms ``1 / r^3`` at each position (r = sqrt(mean(o^2) + eps)): the Jacobian's
+        ``o_i o_j / (dv r^3)``, and autograd of the common ``o * rsqrt(mean(o^2) + eps)`` takes
+        ``d rsqrt(m)/dm = -m^(-3/2) / 2``, which overflows float32 where m < 2e-26 (an output of RMS 1e-13) and
+        float16 where m < 6e-4, though the gradient itself is moderate there (torchscale's RMSNorm in float32,
+        eps = 0, `tiny` inputs: -inf where the exact gradient is -7e4). With the forward's own intermediates
+        (the sum of squares, 1/m: `reference_impls.retention.retention_normed_trace`), per position; an
+        element of q_t reaches the outputs at t, one of k_s or v_s every t >= s (a running maximum backwards)."""
+        from reference_impls import autograd as ad
+
+        o = ad.retention(x["q"], x["k"], x["v"], list(convention.gammas(p.heads)), convention.scale(p.dk))
+        dv = o.shape[-1]
+        mean_square = (o * o).sum(-1, keepdim=True) / dv + p.eps  # (batch, t, head, 1)
+        at_t = torch.maximum(mean_square * dv, mean_square.reciprocal().pow(1.5))
+        from_s = at_t.flip(1).cummax(1).values.flip(1)  # the largest over t >= s
+        return {name: (at_t if name == "q" else from_s).expand_as(x[name]) for name in names}
+
     def _term_cotangent(self, p, x, cot, convention) -> torch.Tensor:
         """The norm's Jacobian ``d(o_j/r)/do_i = delta_ij / r - o_i o_j / (dv r^3)`` bounded term by term:
         the cotangent ``|g_j| / r + |o_j| sum_i |g_i o_i| / (dv r^3)`` for the raw retention."""
