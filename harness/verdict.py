@@ -376,8 +376,8 @@ def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> st
     what = {
         "state": f"state exceeds {name} max ({max_finite:.3g}; peak {_g(rec.state_peak_max)})",
         "decay": f"a product of decays exceeds {name} max ({max_finite:.3g}; peak {_g(rec.decay_peak_max)})",
-        "norm": (f"the group norm's sum of squares or the reciprocal of its mean square (in a gradient also its "
-                 f"power 1.5, the backward's 1/r^3) exceeds {name} max "
+        "norm": (f"the group norm's sum of squares or the reciprocal of its mean square (in a gradient also the "
+                 f"backward's 1/r^3 or its reciprocal: 1/r^3 below the smallest normal keeps few digits) exceeds {name} max "
                  f"({max_finite:.3g}; peak {_g(rec.norm_peak_max)}: outputs too small or too large to normalise "
                  f"in {name}, at those positions only)"),
         "output": f"the exact output exceeds {name} max ({max_finite:.3g})",

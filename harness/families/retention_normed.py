@@ -52,7 +52,9 @@ class RetentionNormed(Retention):
         ``o_i o_j / (dv r^3)``, and autograd of the common ``o * rsqrt(mean(o^2) + eps)`` takes
         ``d rsqrt(m)/dm = -m^(-3/2) / 2``, which overflows float32 where m < 2e-26 (an output of RMS 1e-13) and
         float16 where m < 6e-4, though the gradient itself is moderate there (torchscale's RMSNorm in float32,
-        eps = 0, `tiny` inputs: -inf where the exact gradient is -7e4). With the forward's own intermediates
+        eps = 0, `tiny` inputs: -inf where the exact gradient is -7e4), and falls below the smallest normal
+        number where m is large, keeping a few bits (float32, m = 4.8e27: 3e-42, 11 bits; torchscale's exact-0
+        gradient of a one-column norm came out 1.09 times its bound). With the forward's own intermediates
         (the sum of squares, 1/m: `reference_impls.retention.retention_normed_trace`), per position; an
         element of q_t reaches the outputs at t, one of k_s or v_s every t >= s (a running maximum backwards)."""
         from reference_impls import autograd as ad
@@ -60,7 +62,8 @@ class RetentionNormed(Retention):
         o = ad.retention(x["q"], x["k"], x["v"], list(convention.gammas(p.heads)), convention.scale(p.dk))
         dv = o.shape[-1]
         mean_square = (o * o).sum(-1, keepdim=True) / dv + p.eps  # (batch, t, head, 1)
-        at_t = torch.maximum(mean_square * dv, mean_square.reciprocal().pow(1.5))
+        # 4 m^1.5 <= M is m^-1.5 >= 4 / M, the smallest normal number of every IEEE format (2^(emin) = 4 / 2^(emax+1))
+        at_t = torch.maximum(torch.maximum(mean_square * dv, mean_square.reciprocal().pow(1.5)), 4 * mean_square.pow(1.5))
         from_s = at_t.flip(1).cummax(1).values.flip(1)  # the largest over t >= s
         return {name: (at_t if name == "q" else from_s).expand_as(x[name]) for name in names}
 
