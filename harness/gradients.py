@@ -40,7 +40,7 @@ from harness.kernels.guard import Outcome
 from harness.problems import Problem
 from harness.runner import (RunOptions, call_args, explains, factor_clause, factors_to_try, half_precision_clause,
                             inputs_in, output_shape, reference_trace, rerun_options, run_case)
-from harness.verdict import judge
+from harness.verdict import Verdict, judge
 from reference_impls.trace import Trace
 
 #: Inputs that are differentiated, per family (each family's ``grad_inputs``).
@@ -257,12 +257,22 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         if terms is not None and terms.get(name) is not None:
             natural = torch.maximum(natural, terms[name])
         natural_of[name] = natural
-        div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural, peaks.get(name)),
-                      dtype=precision,
-                      tf32=problem.tf32,
-                      baseline=None if base is None or base[name] is None else base[name].detach(),
-                      length_axis=axis, cond_threshold=options.policy.cond_threshold)
-        judgement = judge(div, options.policy)
+
+        def judged(norm_peak: torch.Tensor | None):
+            div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural, norm_peak),
+                          dtype=precision, tf32=problem.tf32,
+                          baseline=None if base is None or base[name] is None else base[name].detach(),
+                          length_axis=axis, cond_threshold=options.policy.cond_threshold)
+            return div, judge(div, options.policy)
+
+        div, judgement = judged(None)
+        if judgement.verdict is Verdict.DIVERGENT and peaks.get(name) is not None:
+            # the norm's backward past the range is not held against a kernel (`gradient_norm_peak`), but a
+            # kernel right there too is judged on every element: excused only where it fails, and only if that
+            # explains the failure (as the forward's `loop_nonfinite` excuses a NaN the plain loop makes too)
+            ranged, its_judgement = judged(peaks[name])
+            if its_judgement.verdict is not Verdict.DIVERGENT:
+                div, judgement = ranged, its_judgement
         record = {k: v for k, v in forward.items() if not k.startswith(("t_", "cond", "max_", "ulp", "worst"))}
         record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype",)})
         record.update(mode="grad", grad_of=name, verdict=judgement.verdict.value, why=judgement.why,

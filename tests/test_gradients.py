@@ -211,6 +211,9 @@ def test_the_norm_s_backward_past_the_range_is_out_of_domain_not_a_bug():
     records = {r["grad_of"]: r for r in gradient_case(spec, tiny)}
     assert records["v"]["verdict"] == "out_of_domain", records["v"]["why"]
     assert "1/r^3" in records["v"]["why"] and records["v"]["norm_peak_max"] > 3.4e38, records["v"]["why"]
+    # the in-tree form divides by sqrt(m) and keeps the range: judged on every element, not excused
+    stable = {r["grad_of"]: r for r in gradient_case(get("intree.retention_normed_parallel"), tiny)}
+    assert all(r["verdict"] == "equivalent" for r in stable.values()), [r["why"] for r in stable.values()]
     # a one-column norm (an exact gradient of 0) whose m^-1.5 = 3e-42 is subnormal in float32: 11 bits left
     one_column = Problem("retention_normed", 1, dtype="float32", regime="large", seed=0, batch=1, heads=1, dk=1, dv=1,
                          eps=0.0)
