@@ -56,7 +56,8 @@ class RetentionNormed(Retention):
         number where m is large, keeping a few bits (float32, m = 4.8e27: 3e-42, 11 bits; torchscale's exact-0
         gradient of a one-column norm came out 1.09 times its bound). With the forward's own intermediates
         (the sum of squares, 1/m: `reference_impls.retention.retention_normed_trace`), per position; an
-        element of q_t reaches the outputs at t, one of k_s or v_s every t >= s (a running maximum backwards)."""
+        element of q_t reaches the outputs at t, one of k_s or v_s every t >= s (a running maximum backwards).
+        Used only to excuse a divergent gradient (`harness.gradients.gradient_case`)."""
         from reference_impls import autograd as ad
 
         o = ad.retention(x["q"], x["k"], x["v"], list(convention.gammas(p.heads)), convention.scale(p.dk))
