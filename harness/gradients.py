@@ -238,7 +238,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     y_scale = float(reference_trace(problem, x64, spec.convention).magnitude.max())
     want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
     terms = term_scale(problem, x64, g, names, spec.convention)
-    peaks = problem.definition.gradient_norm_peak(problem, x64, names, spec.convention) or {}
+    peaks: list[dict[str, torch.Tensor]] = []  # the backward's range domain, formed at the first divergent gradient
     base = None
     if storage != "float64":
         low = {k: v.to(DTYPE_NAMES[storage]) for k, v in x64.items()}
@@ -266,13 +266,15 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
             return div, judge(div, options.policy)
 
         div, judgement = judged(None)
-        if judgement.verdict is Verdict.DIVERGENT and peaks.get(name) is not None:
+        if judgement.verdict is Verdict.DIVERGENT:
             # the norm's backward past the range is not held against a kernel (`gradient_norm_peak`), but a
             # kernel right there too is judged on every element: excused only where it fails, and only if that
             # explains the failure (as the forward's `loop_nonfinite` excuses a NaN the plain loop makes too)
-            ranged, its_judgement = judged(peaks[name])
-            if its_judgement.verdict is not Verdict.DIVERGENT:
-                div, judgement = ranged, its_judgement
+            peaks = peaks or [problem.definition.gradient_norm_peak(problem, x64, names, spec.convention) or {}]
+            if peaks[0].get(name) is not None:
+                ranged, its_judgement = judged(peaks[0][name])
+                if its_judgement.verdict is not Verdict.DIVERGENT:
+                    div, judgement = ranged, its_judgement
         record = {k: v for k, v in forward.items() if not k.startswith(("t_", "cond", "max_", "ulp", "worst"))}
         record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype",)})
         record.update(mode="grad", grad_of=name, verdict=judgement.verdict.value, why=judgement.why,
@@ -288,15 +290,14 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         for record in records:
             if record["verdict"] == "divergent" and record["cause"] in ("kernel_bug", "precision_loss"):
                 name = record["grad_of"]
-                _half_precision(record, got[name], want[name], g.numel(), natural_of[name], precision, options,
-                                peaks.get(name))
+                _half_precision(record, got[name], want[name], g.numel(), natural_of[name], precision, options)
     if options.factor_counterfactual:
         for record in records:
             if record["verdict"] == "divergent" and record["cause"] == "kernel_bug":
                 name = record["grad_of"]
                 low = None if base is None or base[name] is None else base[name].detach()
                 _constant_factor(problem, record, got[name], want[name], low, g.numel(), natural_of[name], precision,
-                                 options, spec.convention, peaks.get(name))
+                                 options, spec.convention)
     return records
 
 
@@ -309,8 +310,7 @@ def _replay_gradient(forward_replay: str | None, name: str) -> str | None:
 
 def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor,
                      baseline: torch.Tensor | None, n_terms: int, natural: torch.Tensor, precision: str,
-                     options: RunOptions, convention: RetentionConvention,
-                     norm_peak: torch.Tensor | None = None) -> None:
+                     options: RunOptions, convention: RetentionConvention) -> None:
     """Name a divergent gradient that is the exact one times a constant (a backward on another scale, a
     flipped sign) as `runner._constant_factor` names an output: judged again against the exact gradient
     times each factor `runner.factors_to_try` gives (the trace's scale and the same-dtype gradient with it);
@@ -321,7 +321,7 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
         return
     for factor, meaning in factors_to_try(problem, actual, ref, precision, convention):
         low = None if baseline is None else (baseline.to(torch.float64) * factor).to(baseline.dtype)
-        div = measure(actual.detach(), _gradient_trace(ref.detach() * factor, n_terms, natural * abs(factor), norm_peak),
+        div = measure(actual.detach(), _gradient_trace(ref.detach() * factor, n_terms, natural * abs(factor)),
                       dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,
                       cond_threshold=options.policy.cond_threshold)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, div.cond_max
@@ -332,16 +332,14 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
 
 
 def _half_precision(record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor, n_terms: int,
-                    natural: torch.Tensor, precision: str, options: RunOptions,
-                    norm_peak: torch.Tensor | None = None) -> None:
+                    natural: torch.Tensor, precision: str, options: RunOptions) -> None:
     """Name a divergent float32/float64 gradient that a half-precision computation gives, as an output is
     named (`runner.half_precision_clause`), judged at that dtype's bound. The cause is then
     ``undeclared_precision``; the verdict is unchanged."""
     from harness.metrics import measure
 
     def judge_at(half: str):
-        div = measure(actual.detach(), _gradient_trace(ref.detach(), n_terms, natural, norm_peak), dtype=half,
-                      tf32=False,
+        div = measure(actual.detach(), _gradient_trace(ref.detach(), n_terms, natural), dtype=half, tf32=False,
                       baseline=None, length_axis=-1, cond_threshold=options.policy.cond_threshold)
         return div, judge(div, options.policy)
 
