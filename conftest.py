@@ -49,6 +49,7 @@ def pytest_collection_modifyitems(config, items):
 
 #: Tests (by file) that read a per-process cache of `check` runs filled by the first of them.
 _SHARED_CACHE_TESTS = {
-    "test_planted_bugs.py": {"test_check_finds_the_planted_bug", "test_shrinking_never_grows_a_case"},
+    "test_planted_bugs.py": {"test_check_finds_the_planted_bug", "test_shrinking_never_grows_a_case",
+                             "test_a_failing_search_spends_no_case_on_hypothesis_s_explanation"},
     "test_broken_kernels.py": {"test_check_reports_a_broken_kernel", "test_check_message_names_the_contract_violation"},
 }
