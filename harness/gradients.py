@@ -204,7 +204,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     own draw (the float64 rerun of `_second_dtype`: a low-precision case's inputs, upcast exactly).
     A divergent gradient in a low precision is rerun in float64 to name its cause (`_second_dtype`).
     """
-    from harness.metrics import measure
+    from harness.metrics import NO_POSITIONS, measure
 
     options = options or RunOptions()
     given = forward is not None
@@ -245,6 +245,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         base = _vjp(lambda x: _oracle_output(problem, x, spec.convention), low, names,
                     g.to(DTYPE_NAMES[storage]))
     records, natural_of = [], {}
+    out_shape = tuple(problem.definition.output_shape(problem))
     for name in names:
         ref = want[name]
         actual = got[name]
@@ -252,7 +253,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
             continue
         if actual is None:
             actual = torch.zeros_like(inputs[name])  # the kernel ignores an input the oracle depends on
-        axis = -1
+        axis = problem.definition.input_length_axis(name)
         natural = natural_scale(float(g.abs().max()), y_scale, x64[name])
         if terms is not None and terms.get(name) is not None:
             natural = torch.maximum(natural, terms[name])
@@ -262,7 +263,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
             div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural, norm_peak),
                           dtype=precision, tf32=problem.tf32,
                           baseline=None if base is None or base[name] is None else base[name].detach(),
-                          length_axis=axis, cond_threshold=options.policy.cond_threshold)
+                          length_axis=-1 if axis is None else axis, cond_threshold=options.policy.cond_threshold,
+                          element_axes_names=_axis_names(actual, axis, out_shape))
             return div, judge(div, options.policy)
 
         div, judgement = judged(None)
@@ -276,7 +278,9 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                 if its_judgement.verdict is not Verdict.DIVERGENT:
                     div, judgement = ranged, its_judgement
         record = {k: v for k, v in forward.items() if not k.startswith(("t_", "cond", "max_", "ulp", "worst"))}
-        record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype",)})
+        record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype", "length")})
+        if axis is None:  # no sequence axis: the measurement's positions are along the input's last axis
+            record.update(NO_POSITIONS)
         record.update(mode="grad", grad_of=name, verdict=judgement.verdict.value, why=judgement.why,
                       replay=_replay_gradient(forward.get("replay"), name),
                       cause={"equivalent": "rounding", "divergent": "kernel_bug"}.get(judgement.verdict.value,
@@ -299,6 +303,16 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                 _constant_factor(problem, record, got[name], want[name], low, g.numel(), natural_of[name], precision,
                                  options, spec.convention)
     return records
+
+
+def _axis_names(grad: torch.Tensor, axis: int | None, out_shape: tuple[int, ...]) -> tuple[str, ...] | None:
+    """The names of a gradient's axes in its record: the output's (None: `measure`'s default) for an input laid
+    out as the output (retention's q, k, v; a scan's u); else ``batch`` and ``t`` where the input has them
+    and the axis number elsewhere (mamba's B (batch, groups, state, t) is not (batch, channel, t))."""
+    if axis is not None and tuple(grad.shape) == out_shape:
+        return None
+    t = None if axis is None else axis % grad.ndim
+    return tuple("t" if i == t else "batch" if i == 0 and t is not None else f"axis{i}" for i in range(grad.ndim))
 
 
 def _replay_gradient(forward_replay: str | None, name: str) -> str | None:

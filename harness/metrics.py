@@ -371,6 +371,15 @@ def _fit_slope(e: np.ndarray) -> float | None:
     return float(xm @ (y - y.mean())) / var
 
 
+#: The measurement's fields that are positions along the sequence axis, or summaries along it, as a record
+#: of a tensor without one holds them (a gradient of a per-channel parameter: A, D, a bias, an initial state).
+NO_POSITIONS: dict[str, Any] = {
+    "length_axis": None, "worst_t": None, "onset_t": None, "precision_onset_t": None, "first_nonfinite_t": None,
+    "domain_onset_t": None, "growth_exponent": None, "cond_growth_exponent": None,
+    "max_error_first_half": math.nan, "max_error_second_half": math.nan, "error_by_position": [],
+}
+
+
 def default_axis_names(ndim: int, length_axis: int) -> tuple[str, ...]:
     """Names of the output's axes: (batch, channel, t) for scans, (batch, t, head, column) for retention."""
     if ndim == 3 and length_axis == 2:

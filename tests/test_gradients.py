@@ -285,3 +285,26 @@ def test_check_takes_gradients_up_to_the_length_limit_and_counts_the_rest(monkey
     long_ = [r for r in forward if r["length"] > 16 and r["verdict"] == "equivalent"]
     assert long_ and result.gradients_skipped == len(long_)
     assert grads and all(r["length"] <= 16 for r in grads)
+
+
+def test_a_gradient_s_record_has_the_case_s_length_and_positions_along_its_input_s_sequence_axis():
+    """A gradient was measured along its input's last axis: the record of SSD's grad[x] (batch, T, heads, P)
+    said length P, and its worst element, onset and error-by-position (the case figure, the onset plot)
+    were columns called t. Now the sequence axis is the input's (`FamilyDef.input_length_axis`), and a
+    parameter without one (A, D, a bias, an initial state) has no positions at all."""
+    cases = [("intree.ssd_recurrent", Problem(family="ssd", length=9, dtype="float32", batch=2, heads=2, groups=1, dv=3,
+                                               state=4, has_D=True, has_initial_state=True, seed=1)),
+             ("intree.retention_parallel", Problem(family="retention", length=9, dtype="float32", batch=2, heads=2,
+                                                   dk=3, dv=4, seed=1)),
+             ("intree.blelloch_selective_scan", Problem(family="selective_scan", length=9, dtype="float32", batch=2,
+                                                        dim=3, state=4, seed=1))]
+    for name, problem in cases:
+        records = gradient_case(get(name), problem, RunOptions())
+        assert {r["grad_of"] for r in records} == set(problem.definition.grad_inputs) & set(problem.make_inputs())
+        for r in records:
+            assert r["verdict"] == "equivalent" and r["length"] == 9, (r["kernel"], r["length"], r["why"])
+            if r["grad_of"] in problem.definition.per_step_inputs:
+                t = r["axis_names"].index("t")
+                assert r["shape"][t] == 9 and len(r["error_by_position"]) == 9 and 0 <= r["worst_t"] < 9, r["kernel"]
+            else:
+                assert "t" not in r["axis_names"] and r["worst_t"] is None and not r["error_by_position"], r["kernel"]

@@ -57,6 +57,9 @@ class FamilyDef:
         regimes: the input regimes that apply (`harness.problems` documents each).
         grad_inputs: the inputs that are differentiated (the rest are flags or integer-valued).
         length_axis: the sequence axis of the output.
+        per_step_inputs: the inputs that hold one value per step, along the same axis as the output's
+            (``length_axis``); the rest (decay parameters, D, biases, initial states) have no sequence axis.
+            A gradient is measured along its input's sequence axis (`input_length_axis`).
         uses_matmuls: whether every form of the family computes matmuls (TF32 applies on CUDA).
         has_convention: whether a kernel's `RetentionConvention` (decays, scale) enters the oracle.
         takes_eps: whether problems carry a norm ``eps`` (required then, refused otherwise).
@@ -85,6 +88,7 @@ class FamilyDef:
     regimes: tuple[str, ...] = ()
     grad_inputs: tuple[str, ...] = ()
     length_axis: int = -1
+    per_step_inputs: tuple[str, ...] = ()
     uses_matmuls: bool = False
     has_convention: bool = False
     takes_eps: bool = False
@@ -95,6 +99,11 @@ class FamilyDef:
     chunk_term: bool = False
     scale_keyword: str | None = None
     swapped_layout: tuple[str, str] | None = None
+
+    def input_length_axis(self, name: str) -> int | None:
+        """The sequence axis of input ``name`` (the output's ``length_axis``), or None for an input that holds
+        no value per step."""
+        return self.length_axis if name in self.per_step_inputs else None
 
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:

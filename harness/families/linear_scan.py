@@ -16,6 +16,7 @@ class LinearScan(FamilyDef):
     regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable")
     grad_inputs = ("a", "b")
     length_axis = -1
+    per_step_inputs = ("a", "b")
 
     def shapes(self, p):
         return {"a": (p.batch, p.dim, p.length), "b": (p.batch, p.dim, p.length)}

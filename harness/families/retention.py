@@ -19,6 +19,7 @@ class Retention(FamilyDef):
     regimes = ("trained", "large", "tiny", "ramp")
     grad_inputs = ("q", "k", "v")
     length_axis = 1
+    per_step_inputs = ("q", "k", "v")
     uses_matmuls = True
     has_convention = True
 

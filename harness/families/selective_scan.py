@@ -21,6 +21,7 @@ class SelectiveScan(FamilyDef):
     regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable")
     grad_inputs = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     length_axis = -1
+    per_step_inputs = ("u", "delta", "B", "C", "z")
 
     def shapes(self, p):
         b, d, n, L = p.batch, p.dim, p.state, p.length

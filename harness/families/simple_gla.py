@@ -115,6 +115,7 @@ class SimpleGLA(StatefulFamily):
     regimes = ("trained", "long_memory", "strong_decay", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("q", "k", "v", "g", "initial_state")
     length_axis = 1
+    per_step_inputs = ("q", "k", "v", "g")
     uses_matmuls = True
     targets_state = True
     #: g's trailing shape: () per head (simple_gla) or (K,) per key channel (gla).

@@ -58,6 +58,7 @@ class SSD(StatefulFamily):
     regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay")
     grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
     length_axis = 1
+    per_step_inputs = ("x", "dt", "B", "C", "z")
     uses_matmuls = True
 
     def validate(self, p):
