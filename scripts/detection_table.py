@@ -1,6 +1,6 @@
 """Run every planted bug under a profile and write the detection table into docs/detection.md.
 
-For each kernel of `tests.planted.bugs.PLANTED`, `harness.api.check` searches for a counterexample
+For each planted bug (`tests.planted.every_planted_bug`), `harness.api.check` searches for a counterexample
 (dtypes and longest length as the entry declares, else the profile's) and the table records: found or
 not, the time to the first failing case and the total time with shrinking, the cases run and how many
 of them expose the bug (`PlantedBug.exposes`), the first failing case's size and the shrunk case's size (length and input elements), the verdict, the cause and
@@ -122,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from harness.settings import register_profiles
-    from tests.planted.bugs import PLANTED
+    from tests.planted import every_planted_bug
 
     register_profiles()
     wanted = set(args.bugs.split(",")) if args.bugs else None
-    bugs = [b for b in PLANTED if wanted is None or b.name in wanted]
+    bugs = [b for b in every_planted_bug() if wanted is None or b.name in wanted]
     rows = []
     start = time.perf_counter()
     for bug in bugs:

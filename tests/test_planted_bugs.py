@@ -36,14 +36,11 @@ from harness.cases import load_case
 from harness.kernels import registry
 from harness.problems import Problem
 from harness.runner import RunOptions, run_case
+from tests.planted import every_planted_bug
 from tests.planted.search import Timeline, n_inputs
-from tests.planted.bugs import PLANTED as SCAN_AND_RETENTION_PLANTED, PlantedBug
-from tests.planted.gated import GATED_PLANTED
-from tests.planted.tiling import TILING_PLANTED
+from tests.planted.bugs import PlantedBug
 
-#: Every planted bug: the scans' and retention's (`tests.planted.bugs`), the gated families'
-#: (`tests.planted.gated`) and the tiled kernels' (`tests.planted.tiling`).
-PLANTED = [*SCAN_AND_RETENTION_PLANTED, *GATED_PLANTED, *TILING_PLANTED]
+PLANTED = every_planted_bug()
 
 PROFILE = "ci"
 #: Longest length drawn, unless a planted bug declares the length that exposes it.
