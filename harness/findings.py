@@ -29,6 +29,7 @@ be made), then the number of cases.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -75,6 +76,9 @@ MAX_EPS_LISTED = 6
 #: Distinct error messages quoted per kernel-error finding, and their length.
 MAX_ERRORS, MAX_ERROR_CHARS = 2, 120
 
+#: A gradient record's kernel name, ``NAME:grad[INPUT]`` (`harness.gradients`).
+_GRADIENT_NAME = re.compile(r":grad\[[^\]]*\]$")
+
 _DTYPE_ORDER = ("float64", "float32", "float16", "bfloat16")
 
 
@@ -98,8 +102,11 @@ class Finding:
         """The finding as one line of text (Markdown)."""
         if self.everything_else or (self.verdict == "equivalent" and len(self.kernels) > 3):
             pairs = sum(1 for k in self.kernels if " vs " in k)
-            singles = len(self.kernels) - pairs
+            grads = sum(1 for k in self.kernels if " vs " not in k and _GRADIENT_NAME.search(k))
+            singles = len(self.kernels) - pairs - grads
             count = f"{singles} kernel{'s' if singles != 1 else ''}"
+            if grads:  # a gradient's records are named NAME:grad[INPUT] (`harness.gradients`): not a kernel of its own
+                count += f", {grads} gradient{'s' if grads != 1 else ''}"
             if pairs:
                 count += f" and {pairs} pair{'s' if pairs > 1 else ''}"
             who = f"{'Everything else' if self.everything_else else 'Every kernel'} ({count}; {', '.join(self.dtypes)})"

@@ -267,6 +267,15 @@ def test_a_new_cause_gets_its_own_line_without_code_changes():
     ]
 
 
+def test_a_kernel_s_gradients_are_counted_as_gradients_not_kernels():
+    """`harness check` on one kernel said "Every kernel (6 kernels; float32)": its forward and its five
+    gradients (records NAME:grad[INPUT]) counted as six kernels."""
+    records = [_record(name, "equivalent", "rounding") for name in
+               ("user.my.py:ssd", *(f"user.my.py:ssd:grad[{x}]" for x in ("x", "dt", "A", "B", "C")))]
+    assert findings(records)[0].line().startswith("Every kernel (1 kernel, 5 gradients; float32)")
+    records.append(_record("k.a", "divergent", "kernel_bug", cond_max=50.0, onset_t=3))
+    assert findings(records)[-1].line().startswith("Everything else (1 kernel, 5 gradients; float32)")
+
 def test_eps_drawn_at_random_is_not_listed_one_by_one():
     """A property-based run draws eps at random: seven values are no axis to read; the domain is the story."""
     drawn = [_record("k", "divergent", "eps_effect", family="retention_normed", eps=10.0 ** -e, cond_max=2.0 + e,
