@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import torch
@@ -68,6 +68,27 @@ def reference_traces(problem: Problem, inputs: dict[str, torch.Tensor],
     problem asks for it) on the (already rounded) ``inputs``."""
     x = {k: v.detach().to(device="cpu", dtype=torch.float64) for k, v in inputs.items()}
     return problem.definition.traces(problem, x, convention)
+
+
+def chunk_term_at(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
+                  traces_of: Callable[..., dict[str, Any]] = reference_traces) -> dict[str, Any]:
+    """The oracle's traces of ``problem`` for ``spec``: its chunk term charged at the rounding of the dtype the
+    kernel forms its chunk decays in (`Capabilities.chunk_precision`) when that is finer than the case's.
+
+    The chunk term is the difference of the growths at the problem's chunk size and without one (the rest of
+    a trace does not depend on the chunk), so it is scaled by ``u(chunk dtype) / u(precision)`` with both
+    traces from ``traces_of`` (the run's oracle cache, where there is one)."""
+    traces = traces_of(problem, inputs, spec.convention)
+    if problem.chunk_size is None or not problem.definition.chunk_term:
+        return traces
+    caps = spec.capabilities
+    precision, chunked = caps.precision(problem.dtype), caps.chunk_precision(problem.dtype)
+    scale = dtypes.unit_roundoff(chunked) / dtypes.unit_roundoff(precision)
+    if not scale < 1.0:
+        return traces
+    plain = traces_of(problem.replace(chunk_size=None), inputs, spec.convention)
+    return {name: replace(trace, growth=plain[name].growth + scale * (trace.growth - plain[name].growth))
+            if name in plain else trace for name, trace in traces.items()}
 
 
 def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],
@@ -189,7 +210,7 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
     timings["t_inputs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    traces = (cache.traces if cache is not None else reference_traces)(problem, inputs, spec.convention)
+    traces = chunk_term_at(spec, problem, inputs, (cache.traces if cache is not None else reference_traces))
     trace = traces["output"]
     timings["t_oracle"] = time.perf_counter() - t0
 
@@ -220,6 +241,10 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
     outputs = problem.definition.split_output(problem, (result.output, *result.extras))
     precision = spec.capabilities.precision(problem.dtype)
     record["precision"] = precision
+    if problem.chunk_size is not None and problem.definition.chunk_term:
+        chunk_precision = spec.capabilities.chunk_precision(problem.dtype)
+        if chunk_precision != precision:  # declared: the chunk term was charged at its rounding (`chunk_term_at`)
+            record["chunk_precision"] = chunk_precision
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
     t0 = time.perf_counter()
     try:

@@ -70,3 +70,51 @@ def test_a_declared_chunk_kernel_and_a_loop_are_not_judged_twice():
     for spec, chunk in ((spec, CHUNK_COUNTERFACTUAL), (user_kernel_spec(_LOOP, family="simple_gla"), None)):
         record = run_case(spec, _problem("float64", chunk_size=chunk))
         assert record["verdict"] == "equivalent" and "chunked_cond_max" not in record, record["why"]
+
+
+# ------------------------------------------------------------------------ the chunk term's precision
+def _float32_inside(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+                    chunk_size=64):
+    """Correct: the in-tree chunk form run in float32 on half-precision inputs (as fla's chunk kernels form
+    their cumulative log-decays), the output rounded to the input dtype."""
+    up = (lambda t: None if t is None else t.float())
+    o, s = _CHUNK(up(q), up(k), up(v), up(g), scale, up(initial_state), output_final_state, cu_seqlens, chunk_size)
+    return o.to(q.dtype), (None if s is None else s.to(q.dtype))
+
+
+def _declared(name: str, fn, float32_decays: bool):
+    import dataclasses
+
+    from harness.kernels.contract import KernelSpec
+
+    base = registry.get("intree.simple_gla_chunk")
+    caps = dataclasses.replace(base.capabilities, chunk_computes_in={"bfloat16": "float32", "float16": "float32"}
+                               if float32_decays else {})
+    return KernelSpec(name=name, family=base.family, load=lambda: fn, capabilities=caps)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("regime", ["uniform_decay", "strong_decay"])
+def test_a_chunk_kernel_that_forms_its_decays_in_float32_is_judged_at_float32_s_chunk_term(dtype, regime):
+    """Charged at bfloat16's u, a chunk of 64 steps of strong decay leaves no guaranteed digit in most of the
+    output: the case was out_of_domain (precision_exhausted) though the kernel loses nothing there; 80% of a
+    nightly bfloat16 search of an SSD chunk kernel written this way was spent on such cases. Declared
+    (`Capabilities.chunk_computes_in`), the term is float32's and the case is judged: equivalent. A kernel
+    that declares it but forms its cumulative sums in the input dtype (the in-tree chunk form) is found."""
+    p = Problem(family="simple_gla", length=200, dtype=dtype, batch=1, heads=2, dk=16, dv=16, regime=regime,
+                chunk_size=64, seed=3)
+    options = RunOptions(timeout_s=None, check_determinism=False)
+    before = run_case(_declared("t.float32_inside", _float32_inside, False), p, options)
+    after = run_case(_declared("t.float32_inside", _float32_inside, True), p, options)
+    false_claim = run_case(_declared("t.input_dtype_cumsum", _CHUNK, True), p, options)
+    assert before["verdict"] == "out_of_domain" and before["cause"] == "precision_exhausted", before["why"]
+    assert after["verdict"] == "equivalent" and after["n_precision_exhausted"] == 0, after["why"]
+    assert after["chunk_precision"] == "float32" and "chunk_precision" not in before
+    assert false_claim["verdict"] == "divergent" and false_claim["cond_max"] > 4, false_claim["why"]
+
+
+def test_fla_s_chunk_kernels_declare_float32_decays():
+    for name in ("fla.simple_gla.naive_chunk", "fla.simple_gla.chunk", "fla.gla.chunk"):
+        caps = registry.get(name).capabilities
+        assert caps.chunk_precision("bfloat16") == caps.chunk_precision("float16") == "float32", name
+    assert registry.get("intree.simple_gla_chunk").capabilities.chunk_precision("bfloat16") == "bfloat16"

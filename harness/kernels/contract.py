@@ -151,6 +151,13 @@ class Capabilities:
     #: case still runs in the input dtype; the verdict holds it to the declared precision's rounding and
     #: the report shows the declaration, so the floor it causes is explained, not hidden.
     computes_in: dict[str, str] = field(default_factory=dict)
+    #: Chunk kernels: input dtype -> the dtype the kernel forms its cumulative log-decays (and the exp of
+    #: their differences) in, when finer than ``precision`` (fla's and mamba-ssm's chunk kernels: float32 for
+    #: float16 and bfloat16 inputs). The bound's chunk term, u times the within-chunk log-decay mass, is then
+    #: charged at that dtype's u (`harness.runner.chunk_term_at`): in bfloat16 at its own u a chunk of 64
+    #: steps left no guaranteed digit in 40-80% of a nightly search's cases (precision_exhausted), where the
+    #: kernel loses none. A kernel that declares it and forms them in the input dtype is divergent.
+    chunk_computes_in: dict[str, str] = field(default_factory=dict)
     #: retention_normed: the norm eps values at which the kernel is the oracle's function (None: any).
     #: A kernel that rescales rows before its norm agrees with the plain normed retention only at
     #: eps = 0; the suite then draws eps = 0, and sweeps show the eps effect separately.
@@ -191,6 +198,10 @@ class Capabilities:
     def precision(self, dtype: str) -> str:
         """The dtype whose rounding the verdict expects for inputs of ``dtype``."""
         return self.computes_in.get(dtype, dtype)
+
+    def chunk_precision(self, dtype: str) -> str:
+        """The dtype whose rounding the bound's chunk term is charged at for inputs of ``dtype``."""
+        return self.chunk_computes_in.get(dtype, self.precision(dtype))
 
     def range_dtype(self, dtype: str) -> str | None:
         """The storage dtype the kernel computes inputs of ``dtype`` in, when its range differs from

@@ -281,6 +281,10 @@ class _GatedEntry:
     the harness holds the kernel to the chunk term of those chunks (the exponent of a difference of two
     within-chunk cumulative sums, `reference_impls.gated_decay`), and accepted (and not passed on) only at
     that value.
+
+    ``float32_decays``: the chunk form forms its within-chunk cumulative log-decays in float32 whatever the
+    input dtype (fla's ``chunk_local_cumsum`` returns float32; the naive chunk reference computes in float32),
+    declared as ``Capabilities.chunk_computes_in`` so that the bound's chunk term is float32's.
     """
 
     name: str
@@ -296,6 +300,7 @@ class _GatedEntry:
     initial_state: bool = True
     final_state: bool = True
     varlen: bool = True
+    float32_decays: bool = False
     notes: str = ""
 
     def load(self, precision: str | None = None) -> Callable:
@@ -368,11 +373,11 @@ _GATED: tuple[_GatedEntry, ...] = (
                 "naive_recurrent_simple_gla", triton=False, dots=False, varlen=False,
                 notes="fla's pure-PyTorch recurrent reference: a loop over t in float32"),
     _GatedEntry("simple_gla.naive_chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla.naive", "naive_chunk_simple_gla",
-                triton=False, chunked=True, varlen=False,
+                triton=False, chunked=True, varlen=False, float32_decays=True,
                 notes="fla's pure-PyTorch chunk reference (exp of differences of within-chunk cumulative sums), "
                       "float32"),
     _GatedEntry("simple_gla.chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla", "chunk_simple_gla", chunked=True,
-                notes="Triton chunk form: chunk-local cumulative sums of g, exp2 of their differences"),
+                float32_decays=True, notes="Triton chunk form: chunk-local cumulative sums of g, exp2 of their differences"),
     _GatedEntry("simple_gla.fused_chunk", Family.SIMPLE_GLA, "fla.ops.simple_gla", "fused_chunk_simple_gla",
                 fixed_chunk=64, notes="Triton fused chunk form (fla.ops.common.fused_chunk); its chunks are "
                                       "min(64, max(16, next_pow2(T))) steps, declared as 64"),
@@ -385,7 +390,7 @@ _GATED: tuple[_GatedEntry, ...] = (
     _GatedEntry("gla.naive_recurrent", Family.GLA, "fla.ops.gla.naive", "naive_recurrent_gla", gate="gk",
                 triton=False, dots=False, scale=False, varlen=False,
                 notes="fla's pure-PyTorch recurrent reference in float32; always scales by K**-0.5"),
-    _GatedEntry("gla.chunk", Family.GLA, "fla.ops.gla", "chunk_gla", fixed_chunk=64,
+    _GatedEntry("gla.chunk", Family.GLA, "fla.ops.gla", "chunk_gla", fixed_chunk=64, float32_decays=True,
                 notes="Triton chunk form (chunk size fixed at 64 by chunk_gla)"),
     _GatedEntry("gla.fused_chunk", Family.GLA, "fla.ops.gla", "fused_chunk_gla",
                 notes="deprecated in fla 0.6.0 (raises NotImplementedError)"),
@@ -414,6 +419,7 @@ def _gated_caps(entry: _GatedEntry, *, ieee: bool = False) -> Capabilities:
         unsupported=unsupported,
         slow=entry.triton and triton_interpreter.runs_interpreted(),
         computes_in=computes_in,
+        chunk_computes_in={"float16": "float32", "bfloat16": "float32"} if entry.float32_decays else {},
         matmuls=entry.dots,
         notes=notes,
         initial_state=entry.initial_state,
