@@ -40,7 +40,7 @@ from harness.kernels.guard import Outcome
 from harness.problems import Problem
 from harness.runner import (RunOptions, call_args, explains, factor_clause, factors_to_try, half_precision_clause,
                             inputs_in, output_shape, reference_trace, rerun_options, run_case)
-from harness.verdict import Verdict, judge
+from harness.verdict import Verdict, domain_kind, judge
 from reference_impls.trace import Trace
 
 #: Inputs that are differentiated, per family (each family's ``grad_inputs``).
@@ -283,8 +283,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
             record.update(NO_POSITIONS)
         record.update(mode="grad", grad_of=name, verdict=judgement.verdict.value, why=judgement.why,
                       replay=_replay_gradient(forward.get("replay"), name),
-                      cause={"equivalent": "rounding", "divergent": "kernel_bug"}.get(judgement.verdict.value,
-                                                                                       "input_overflow"),
+                      cause={"equivalent": "rounding", "divergent": "kernel_bug"}.get(judgement.verdict.value)
+                      or domain_kind(div),
                       kernel=f"{spec.name}:grad[{name}]", t_kernel=round(t_kernel, 6))
         records.append(record)
     if options.precision_counterfactual and precision != "float64" and any(

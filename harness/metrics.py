@@ -1091,7 +1091,8 @@ def _domain_cause(
     normed = ~(norm[:, onset].to(f64) <= limit) if norm is not None else torch.zeros_like(decay)
     output = ~(o.abs() <= limit)
     oracle = ~torch.isfinite(bound)
-    near = ~torch.isfinite(xc) & (o.abs() + thr * bound > info.max_finite)
+    # the value plus its bound passes the max (the domain's own test), or a non-finite kernel value next to it
+    near = (o.abs() + bound > info.max_finite) | (~torch.isfinite(xc) & (o.abs() + thr * bound > info.max_finite))
     for name, mask in (
         ("state", state),
         ("decay", decay),

@@ -381,7 +381,8 @@ def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> st
                  f"({max_finite:.3g}; peak {_g(rec.norm_peak_max)}: outputs too small or too large to normalise "
                  f"in {name}, at those positions only)"),
         "output": f"the exact output exceeds {name} max ({max_finite:.3g})",
-        "near_overflow": f"the output is within the error bound of {name} max ({max_finite:.3g}) and the kernel overflows",
+        "near_overflow": (f"the value is within its error bound of {name} max ({max_finite:.3g}): a correct kernel may "
+                          "overflow there"),
         "oracle_nonfinite": "the oracle's output or error bound is not finite",
         "loop_nonfinite": (f"the kernel is NaN/Inf where the plain {name} sequential loop is NaN/Inf too (an "
                            f"intermediate of a correct algorithm leaves {name}'s range)"),
@@ -395,7 +396,7 @@ def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> st
         return (f"{ranged} element(s){where}{rows} have a rounding bound at least as large as "
                 f"the value itself in {name} (no significant digit is guaranteed; the kernel is non-finite "
                 "there, as a correct loop can be, e.g. a norm of a row rounded to zeros)")
-    if rec.domain_cause == "loop_nonfinite":
+    if rec.domain_cause in ("loop_nonfinite", "near_overflow"):  # the exact values are in range
         return f"{what}{where}{rows}"
     return f"{what}{where}{rows}, the inputs overflow the dtype even in exact arithmetic"
 

@@ -308,3 +308,19 @@ def test_a_gradient_s_record_has_the_case_s_length_and_positions_along_its_input
                 assert r["shape"][t] == 9 and len(r["error_by_position"]) == 9 and 0 <= r["worst_t"] < 9, r["kernel"]
             else:
                 assert "t" not in r["axis_names"] and r["worst_t"] is None and not r["error_by_position"], r["kernel"]
+
+
+def test_a_gradient_within_its_bound_of_the_max_says_so_not_that_its_inputs_overflow():
+    """float16, `large` regime: the gradient's normwise bound brings some exact gradients within reach of
+    float16's max, so those elements are left out (a correct backward may overflow there). The records said
+    cause ``input_overflow`` with "a rounding bound at least as large as the value itself ... the kernel is
+    non-finite there" and "the inputs overflow the dtype even in exact arithmetic": all three untrue (the
+    kernel is finite, the values in range). Now: domain_cause ``near_overflow``, and the why says that."""
+    p = Problem(family="gla", length=2, dtype="float16", batch=2, heads=3, dk=17, dv=12, regime="large", seed=5)
+    records = gradient_case(get("intree.gla_recurrent"), p, RunOptions())
+    left_out = [r for r in records if r["verdict"] == "out_of_domain"]
+    assert left_out, [(r["kernel"], r["verdict"]) for r in records]
+    for r in left_out:
+        assert r["domain_cause"] == "near_overflow" and r["n_kernel_nonfinite"] == 0, (r["kernel"], r["why"])
+        assert "within its error bound of float16 max" in r["why"], r["why"]
+        assert "non-finite" not in r["why"] and "overflow the dtype even in exact arithmetic" not in r["why"], r["why"]
