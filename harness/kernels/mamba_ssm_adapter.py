@@ -300,6 +300,8 @@ def _chunk_scan_spec(precision: str | None) -> KernelSpec:
             unsupported=_triton_unsupported({"float64": _SSD_FLOAT64}),
             slow=triton_interpreter.runs_interpreted(),
             computes_in={} if ieee else {"float32": "tf32_rz"},
+            # dA's cumulative sums in float32 whatever the input (_chunk_cumsum_fwd): the chunk term is float32's
+            chunk_computes_in={} if ieee else {"float16": "float32", "bfloat16": "float32"},
             matmuls=True,
             notes="Mamba-2's SSD, Triton forward and backward (mamba_ssm.ops.triton.ssd_combined); "
                   + ("float32 tl.dot run with input_precision ieee (TRITON_F32_DEFAULT=ieee)" if ieee else
