@@ -75,20 +75,18 @@ def chunk_term_at(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Te
     """The oracle's traces of ``problem`` for ``spec``: its chunk term charged at the rounding of the dtype the
     kernel forms its chunk decays in (`Capabilities.chunk_precision`) when that is finer than the case's.
 
-    The chunk term is the difference of the growths at the problem's chunk size and without one (the rest of
-    a trace does not depend on the chunk), so it is scaled by ``u(chunk dtype) / u(precision)`` with both
-    traces from ``traces_of`` (the run's oracle cache, where there is one)."""
+    The traces carry their chunk term apart (`Trace.chunk_growth`), so it is scaled by
+    ``u(chunk dtype) / u(precision)`` without another oracle run; ``traces_of`` is the run's oracle cache where
+    there is one."""
     traces = traces_of(problem, inputs, spec.convention)
     if problem.chunk_size is None or not problem.definition.chunk_term:
         return traces
     caps = spec.capabilities
-    precision, chunked = caps.precision(problem.dtype), caps.chunk_precision(problem.dtype)
-    scale = dtypes.unit_roundoff(chunked) / dtypes.unit_roundoff(precision)
+    scale = dtypes.unit_roundoff(caps.chunk_precision(problem.dtype)) / dtypes.unit_roundoff(caps.precision(problem.dtype))
     if not scale < 1.0:
         return traces
-    plain = traces_of(problem.replace(chunk_size=None), inputs, spec.convention)
-    return {name: replace(trace, growth=plain[name].growth + scale * (trace.growth - plain[name].growth))
-            if name in plain else trace for name, trace in traces.items()}
+    return {name: trace if trace.chunk_growth is None else
+            replace(trace, growth=trace.growth - (1.0 - scale) * trace.chunk_growth) for name, trace in traces.items()}
 
 
 def baseline_output(problem: Problem, inputs: dict[str, torch.Tensor],

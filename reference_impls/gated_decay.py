@@ -161,10 +161,11 @@ class GatedTrace:
         if self.chunk_growth is None:
             raise ValueError("chunk_growth=None: this trace was computed without chunk_size; pass chunk_size= "
                              "to the *_trace function to get the chunk forms' term")
-        out = replace(self.out, growth=self.out.growth + self.chunk_growth)
+        out = replace(self.out, growth=self.out.growth + self.chunk_growth, chunk_growth=self.chunk_growth)
         final = self.final_state
         if final is not None and self.final_state_chunk_growth is not None:
-            final = replace(final, growth=final.growth + self.final_state_chunk_growth)
+            final = replace(final, growth=final.growth + self.final_state_chunk_growth,
+                            chunk_growth=self.final_state_chunk_growth)
         return GatedTrace(out=out, final_state=final, chunk_growth=self.chunk_growth,
                           final_state_chunk_growth=self.final_state_chunk_growth)
 

@@ -41,3 +41,6 @@ class Trace:
     state_peak: torch.Tensor
     decay_peak: torch.Tensor
     norm_peak: torch.Tensor | None = None
+    #: The part of ``growth`` that is a chunk form's term (None: the trace carries none), so that the term can be
+    #: charged at another dtype's rounding than the rest (`harness.runner.chunk_term_at`).
+    chunk_growth: torch.Tensor | None = None

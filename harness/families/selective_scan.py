@@ -113,7 +113,8 @@ class SelectiveScan(FamilyDef):
         trace = selective_scan_trace(*args, **kw)
         if p.chunk_size is None:
             return trace
-        return replace(trace, growth=trace.growth + selective_scan_chunk_growth(*args, **kw, chunk_size=p.chunk_size))
+        chunk = selective_scan_chunk_growth(*args, **kw, chunk_size=p.chunk_size)
+        return replace(trace, growth=trace.growth + chunk, chunk_growth=chunk)
 
     def differentiable(self, p, x, convention):
         from reference_impls import autograd as ad
