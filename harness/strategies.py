@@ -139,12 +139,14 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
     chunk = None
     if caps.lengths is Lengths.CHUNK_MULTIPLE:
         chunk = draw(st.sampled_from(caps.chunk_sizes) if caps.chunk_sizes else st.integers(1, 64))
-        n_chunks = draw(st.integers(1, max(1, top // chunk)))
+        longest = caps.longest_at_chunk(lim.max_batch * lim.max_heads, chunk)  # every chunk's scores at once
+        n_chunks = draw(st.integers(1, max(1, min(top, longest or top) // chunk)))
         length = chunk * n_chunks
     else:
         length = draw(lengths(min_value=caps.min_length, max_value=top, pow2=caps.lengths is Lengths.POW2))
         if caps.takes_chunk:
-            chunk = draw(chunk_sizes(length, caps.chunk_sizes, largest=square))
+            chunk = draw(chunk_sizes(length, caps.chunk_sizes,
+                                     largest=caps.largest_square(lim.max_batch * lim.max_heads, length)))
     fields: dict = dict(family=fam, length=length, dtype=dtype, device=device, regime=regime, chunk_size=chunk,
                         batch=draw(st.integers(1, lim.max_batch)), seed=draw(st.integers(0, 2**31 - 1)),
                         range_dtype=caps.range_dtype(dtype))

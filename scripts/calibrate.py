@@ -130,7 +130,7 @@ def _fit(problem, spec):
     range_dtype = caps.range_dtype(problem.dtype)  # large/tiny at the kernel's declared range
     if range_dtype != problem.range_dtype:
         changes["range_dtype"] = range_dtype
-    square = caps.largest_square(problem.batch * problem.heads)  # memory square in the chunk, or the length
+    square = caps.largest_square(problem.batch * problem.heads, length)  # memory square in the chunk, or the length
     if square is not None and caps.takes_chunk and chunk is not None:
         chunk = min(chunk, square)
     elif square is not None:

@@ -110,16 +110,28 @@ def inverse_sqrt_scale(dk: int) -> float:
     return dk**-0.5
 
 
-#: Memory the strategies allow one (n x n) float64 matrix per batch row and head of a kernel that
-#: declares `Capabilities.square_scores`, at the profile's largest batch x heads: such a form holds a
-#: few of them (scores, decay mask, their product), so a case stays within a few GiB.
-SQUARE_SCORES_BYTES = 2**30
+#: Memory the strategies allow the (n x n) float64 matrices of a kernel that declares
+#: `Capabilities.square_scores`, per case at the profile's largest batch x heads: `square_matrices` of
+#: them per batch row and head (scores, decay mask, their product, ...) stay within 4 GiB.
+SQUARE_SCORES_BYTES = 2**32
+
+#: The (n x n) matrices per batch row and head a square kernel is assumed to hold at its peak when it
+#: declares no count: what the in-tree, yet-another-retnet and torchscale parallel forms measure (2.5 to 4).
+SQUARE_MATRICES = 4
 
 
-def square_scores_limit(rows: int) -> int:
-    """The largest n whose (n x n) float64 matrix for ``rows`` (batch rows x heads) fits
-    `SQUARE_SCORES_BYTES`: 3,344 for the nightly profile's 3 x 4, 4,729 for ci's 2 x 3."""
-    return max(1, math.isqrt(SQUARE_SCORES_BYTES // (8 * max(1, rows))))
+def square_scores_limit(rows: int, matrices: int = SQUARE_MATRICES, length: int | None = None) -> int:
+    """The largest n whose ``matrices`` (n x n) float64 matrices for ``rows`` (batch rows x heads) fit
+    `SQUARE_SCORES_BYTES`: 3,344 for the nightly profile's 3 x 4 at four matrices, 4,729 for ci's 2 x 3.
+
+    With ``length``, the kernel holds every chunk's matrices at once (``Capabilities.chunks_at_once``),
+    ``length / n`` chunks of them: the largest n whose ``matrices`` (n x max(n, length)) blocks fit.
+    """
+    per_matrix = SQUARE_SCORES_BYTES // (8 * max(1, rows) * max(1, matrices))
+    largest = math.isqrt(per_matrix)
+    if length is not None:
+        largest = min(largest, per_matrix // max(1, length))
+    return max(1, largest)
 
 
 @dataclass(frozen=True)
@@ -184,12 +196,30 @@ class Capabilities:
     #: a correct kernel is killed for memory (at L = 32,768: 8.6 GB per head in float64), a
     #: kernel_error that says nothing about its numerics.
     square_scores: bool = False
+    #: How many such (n x n) matrices, counted in float64, the kernel holds per batch row and head (and per
+    #: chunk, with ``chunks_at_once``) at its peak; the limit shrinks with it (measured:
+    #: ``tests/test_square_scores.py``).
+    square_matrices: int = SQUARE_MATRICES
+    #: The kernel forms every chunk's matrices together, so its memory grows with L x chunk, not chunk
+    #: squared (torchscale's ``chunk_recurrent_forward``: about 0.75 + 2.25 L/chunk matrices per batch row
+    #: and head; at L = 30,888, chunk 3,861 within the square limit, it was killed for memory).
+    chunks_at_once: bool = False
     notes: str = ""
 
-    def largest_square(self, rows: int) -> int | None:
-        """The largest n (chunk or length, see `square_scores`) to draw for ``rows`` batch rows x heads;
-        None when the kernel's memory is not square in it."""
-        return square_scores_limit(rows) if self.square_scores else None
+    def largest_square(self, rows: int, length: int | None = None) -> int | None:
+        """The largest n (chunk or length, see `square_scores`) to draw for ``rows`` batch rows x heads
+        (and, for a kernel that holds all its chunks at once, a sequence of ``length``); None when the
+        kernel's memory is not square in it."""
+        if not self.square_scores:
+            return None
+        return square_scores_limit(rows, self.square_matrices, length if self.chunks_at_once else None)
+
+    def longest_at_chunk(self, rows: int, chunk: int) -> int | None:
+        """The longest sequence to draw with ``chunk`` for a kernel that holds every chunk's matrices at
+        once (`chunks_at_once`); None when the length is not limited by its chunks."""
+        if not (self.square_scores and self.chunks_at_once):
+            return None
+        return max(chunk, SQUARE_SCORES_BYTES // (8 * max(1, rows) * max(1, self.square_matrices) * chunk))
 
     @property
     def takes_chunk(self) -> bool:
