@@ -490,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_list)
 
     s = sub.add_parser("check", help="drive one kernel (registered name or module:attr / file.py:attr)")
-    from harness.kernels.contract import Family
+    from harness.kernels.family import Family
 
     s.add_argument("--family", default=None, help=" | ".join(f.value for f in Family))
     s.add_argument("--kernel", default=None, help="TARGET: package.module:attr, path/to/file.py:attr "
@@ -587,19 +587,34 @@ def build_parser() -> argparse.ArgumentParser:
 _RUNS_KERNELS = ("check", "sweep", "replay")
 
 
+def _usage_errors_first(args) -> None:
+    """The usage errors found without torch: a ``--family`` that is not a family, a ``--kernel`` file or a
+    case file that is not there. Answered in a tenth of a second, before the 2-4 s of torch's import
+    (in this process and in the workers' server that `main` starts beside it)."""
+    from harness.kernels.family import Family
+    from harness.kernels.target import check_target_file
+
+    if getattr(args, "family", None):
+        Family.parse(args.family)
+    if getattr(args, "kernel", None):
+        check_target_file(args.kernel)
+    if args.command == "replay" and args.file and not Path(args.file).exists() and not args.problem:
+        raise InvalidArgument(f"case file {args.file!r} does not exist; expected a saved case (a .json file)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from harness.kernels.isolation import clear_stop, prestart
 
-    given = list(sys.argv[1:] if argv is None else argv)
-    if given and given[0] in _RUNS_KERNELS and not {"--in-process", "--list", "--help", "-h"} & set(given):
-        prestart()  # first of all: the workers' server imports torch beside this process, not after it
-    from harness.kernels.triton_interpreter import interpret_if_no_gpu
-
-    interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
     previous: dict = {}
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        _usage_errors_first(args)
+        if args.command in _RUNS_KERNELS and not (getattr(args, "in_process", False) or getattr(args, "list", False)):
+            prestart()  # first of all: the workers' server imports torch beside this process, not after it
+        from harness.kernels.triton_interpreter import interpret_if_no_gpu
+
+        interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
         _apply_isolation(args)
         if args.command in ("check", "sweep"):  # a run: a signal stops it at the next record or kernel wait
             clear_stop()

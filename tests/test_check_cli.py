@@ -237,9 +237,38 @@ def test_the_workers_server_starts_before_the_harness_imports_torch(tmp_path):
         "status = cli.main(sys.argv[1:])\n"
         "print(status, seen, forkserver._forkserver._forkserver_pid is not None)\n"
     )
-    args = ["check", "--family", "linear_scan", "--kernel", str(tmp_path / "no_such_file.py") + ":fn"]
+    (tmp_path / "kernels.py").write_text("VALUE = 1\n")
+    args = ["check", "--family", "linear_scan", "--kernel", str(tmp_path / "kernels.py") + ":no_such_fn"]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for extra, expected in (([], "2 [False] True"), (["--in-process"], "2 [] False")):
         proc = subprocess.run([sys.executable, "-c", code, *args, *extra], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.stdout.strip().splitlines()[-1] == expected, _out(proc)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["check", "--family", "linear_scann", "--kernel", "k.py:fn"], "family='linear_scann' is not a kernel family"),
+        (["check", "--family", "linear_scan", "--kernel", "no_such_file.py:fn"], "file 'no_such_file.py' does not exist"),
+        (["replay", "no_such_case.json"], "case file 'no_such_case.json' does not exist"),
+        (["list", "--family", "gla2"], "family='gla2' is not a kernel family"),
+    ],
+    ids=["family", "kernel-file", "case-file", "list-family"],
+)
+def test_a_usage_error_is_answered_before_torch_is_imported(tmp_path, args, says):
+    """A mistyped family or path was answered after 4-6 s: torch imported here and in the workers' server
+    started beside it, before the arguments were read. Now neither happens: the error names the argument
+    (a family is checked before the file, as the user reads the line), in a fraction of a second."""
+    code = (
+        "import sys\n"
+        "from multiprocessing import forkserver\n"
+        "from harness import cli\n"
+        "status = cli.main(sys.argv[1:])\n"
+        "print(status, 'torch' in sys.modules, forkserver._forkserver._forkserver_pid is not None)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.strip().splitlines()[-1] == "2 False False", _out(proc)
+    assert f"harness: error: {says}" in proc.stderr or says in proc.stderr, _out(proc)

@@ -43,32 +43,7 @@ from typing import Callable, Sequence
 import torch
 
 from harness.errors import InvalidArgument, KernelUnavailable
-
-
-class Family(str, enum.Enum):
-    """The kernel families; the value is the name used on the command line and in records."""
-
-    LINEAR_SCAN = "linear_scan"
-    SELECTIVE_SCAN = "selective_scan"
-    RETENTION = "retention"
-    RETENTION_NORMED = "retention_normed"
-    SIMPLE_GLA = "simple_gla"
-    GLA = "gla"
-    SSD = "ssd"
-
-    @classmethod
-    def parse(cls, value: "str | Family") -> "Family":
-        if isinstance(value, Family):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            names = ", ".join(f.value for f in cls)
-            raise InvalidArgument(f"family={value!r} is not a kernel family; expected one of: {names}") from None
-
-    @property
-    def output_name(self) -> str:
-        return {"linear_scan": "h", "selective_scan": "y", "ssd": "y"}.get(self.value, "o")
+from harness.kernels.family import Family
 
 
 class Lengths(str, enum.Enum):

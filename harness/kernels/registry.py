@@ -12,11 +12,11 @@ import importlib
 import importlib.util
 import os
 import sys
-from pathlib import Path
 from typing import Callable, Iterable
 
 from harness.errors import InvalidArgument
 from harness.kernels.contract import Family, KernelSpec
+from harness.kernels.target import check_target_file
 
 #: The modules of this package that define kernels, in the order `harness list` shows them.
 BUILTIN_MODULES: tuple[str, ...] = (
@@ -128,10 +128,8 @@ def resolve_target(target: str) -> Callable:
     from harness.kernels.triton_interpreter import interpret_if_no_gpu
 
     interpret_if_no_gpu()  # a user's Triton kernels run interpreted and corrected here, like the adapters'
-    if where.endswith(".py") or "/" in where or Path(where).suffix == ".py":
-        path = Path(where)
-        if not path.is_file():
-            raise InvalidArgument(f"kernel={target!r}: file {str(path)!r} does not exist")
+    path = check_target_file(target)
+    if path is not None:
         mod_name = f"_harness_user_{abs(hash(str(path.resolve())))}"
         spec = importlib.util.spec_from_file_location(mod_name, path)
         if spec is None or spec.loader is None:
