@@ -75,7 +75,7 @@ def _shrink_deadline(text: str) -> float:
 
 
 def _dtype_list(text: str) -> tuple[str, ...]:
-    from harness.kernels.contract import ALL_DTYPES
+    from harness.kernels.names import ALL_DTYPES
 
     names = tuple(d.strip() for d in text.split(","))
     if not text.strip() or any(not d for d in names):
@@ -490,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_list)
 
     s = sub.add_parser("check", help="drive one kernel (registered name or module:attr / file.py:attr)")
-    from harness.kernels.family import Family
+    from harness.kernels.names import Family
 
     s.add_argument("--family", default=None, help=" | ".join(f.value for f in Family))
     s.add_argument("--kernel", default=None, help="TARGET: package.module:attr, path/to/file.py:attr "
@@ -591,7 +591,7 @@ def _usage_errors_first(args) -> None:
     """The usage errors found without torch: a ``--family`` that is not a family, a ``--kernel`` file or a
     case file that is not there. Answered in a tenth of a second, before the 2-4 s of torch's import
     (in this process and in the workers' server that `main` starts beside it)."""
-    from harness.kernels.family import Family
+    from harness.kernels.names import Family
     from harness.kernels.target import check_target_file
 
     if getattr(args, "family", None):

@@ -253,8 +253,9 @@ def test_the_workers_server_starts_before_the_harness_imports_torch(tmp_path):
         (["check", "--family", "linear_scan", "--kernel", "no_such_file.py:fn"], "file 'no_such_file.py' does not exist"),
         (["replay", "no_such_case.json"], "case file 'no_such_case.json' does not exist"),
         (["list", "--family", "gla2"], "family='gla2' is not a kernel family"),
+        (["check", "--family", "gla", "--kernel", "k.py:fn", "--dtypes", "float8"], "--dtypes='float8'"),
     ],
-    ids=["family", "kernel-file", "case-file", "list-family"],
+    ids=["family", "kernel-file", "case-file", "list-family", "dtypes"],
 )
 def test_a_usage_error_is_answered_before_torch_is_imported(tmp_path, args, says):
     """A mistyped family or path was answered after 4-6 s: torch imported here and in the workers' server
@@ -264,7 +265,10 @@ def test_a_usage_error_is_answered_before_torch_is_imported(tmp_path, args, says
         "import sys\n"
         "from multiprocessing import forkserver\n"
         "from harness import cli\n"
-        "status = cli.main(sys.argv[1:])\n"
+        "try:\n"
+        "    status = cli.main(sys.argv[1:])\n"
+        "except SystemExit as exc:  # argparse's own errors\n"
+        "    status = exc.code\n"
         "print(status, 'torch' in sys.modules, forkserver._forkserver._forkserver_pid is not None)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

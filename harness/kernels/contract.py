@@ -43,7 +43,7 @@ from typing import Callable, Sequence
 import torch
 
 from harness.errors import InvalidArgument, KernelUnavailable
-from harness.kernels.family import Family
+from harness.kernels.names import ALL_DTYPES, Family
 
 
 class Lengths(str, enum.Enum):
@@ -54,13 +54,7 @@ class Lengths(str, enum.Enum):
     CHUNK_MULTIPLE = "chunk_multiple"
 
 
-DTYPE_NAMES: dict[str, torch.dtype] = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
-ALL_DTYPES: tuple[str, ...] = tuple(DTYPE_NAMES)
+DTYPE_NAMES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ALL_DTYPES}
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:

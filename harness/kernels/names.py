@@ -1,5 +1,6 @@
-"""The kernel families' names (`Family`), apart from the contract so that the command line can check a
-``--family`` without importing torch: a usage error is answered at once, not after torch's import."""
+"""The names the command line checks before torch is imported: the kernel families (`Family`) and the
+dtypes a kernel is run in (`ALL_DTYPES`). Kept apart from the contract (which maps them to torch) so that a
+usage error is answered at once, not after torch's import."""
 
 from __future__ import annotations
 
@@ -32,3 +33,7 @@ class Family(str, enum.Enum):
     @property
     def output_name(self) -> str:
         return {"linear_scan": "h", "selective_scan": "y", "ssd": "y"}.get(self.value, "o")
+
+
+#: The dtypes a kernel is run in, by name (`harness.kernels.contract.DTYPE_NAMES` maps them to torch's).
+ALL_DTYPES: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
