@@ -11,8 +11,8 @@
   decay strength (-decay_floor, log x), one line per kernel x chunk size x dtype (sweep ``gated_decay``);
 - ``plot_onset.png``: the first mismatched position (onset_t) against length, with the end of the
   sequence (t = L - 1) for reference;
-- ``case_<kernel>_<case>.png`` (`write_case_figures`, for failing cases, worst first, up to a limit): one
-  case along the sequence (`plot_case`).
+- ``case_<kernel>_<case>.png`` (`write_case_figures`, the worst failing case of each kind, up to a limit):
+  one case along the sequence (`plot_case`).
 
 Each title states the figure's one message (within the bound or not, the worst case). No pyplot and
 no global backend switch: figures are drawn on `matplotlib.backends.backend_agg.FigureCanvasAgg`, so
@@ -324,7 +324,7 @@ def plot_onset(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) ->
 
 
 # ----------------------------------------------------------------------------------------- one case
-#: Failing cases drawn per report (worst first); the rest are in failures.csv without a figure.
+#: Failing cases drawn per report, the worst of each kind of failure; the rest are in failures.csv without one.
 MAX_CASE_FIGURES = 12
 
 #: The problem fields a record carries (`harness.problems.Problem`), from which its case is replayed.
@@ -512,32 +512,27 @@ def case_figure_name(record: Mapping[str, Any]) -> str:
 
 def write_case_figures(failing: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike, *,
                        limit: int = MAX_CASE_FIGURES) -> dict[str, Path]:
-    """`plot_case` for up to ``limit`` records of ``failing`` (worst first; pairs skipped); {name: path}.
+    """`plot_case` for the worst record of each kind of failure in ``failing`` (worst first; pairs
+    skipped), up to ``limit`` figures; {name: path}.
 
-    The first pass takes the worst case of each kernel x dtype x verdict x cause, so that a dozen
-    figures cover every kind of failure rather than twelve cases of the worst one; the second fills up
-    the limit in the order given.
+    A kind is a kernel x dtype x verdict x cause (a gradient is a kernel of its own): a failing search's
+    records are its case and the shrinker's smaller copies of it, and drawing twelve of them cost about
+    7 s a report for one picture repeated. Every other case is in the failing-cases table with its replay.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     seen: set[tuple] = set()
-    first, rest = [], []
     for record in failing:
-        key = tuple(str(record.get(k)) for k in ("kernel", "dtype", "verdict", "cause"))
-        (rest if key in seen else first).append(record)
-        seen.add(key)
-    for record in first + rest:
         if len(written) >= limit:
             break
-        if "pair" in record:
+        key = tuple(str(record.get(k)) for k in ("kernel", "dtype", "verdict", "cause"))
+        if "pair" in record or key in seen:
             continue
-        name = case_figure_name(record)
-        if name in written:
-            continue
-        path = _drawn(plot_case, record, out / name)
+        seen.add(key)
+        path = _drawn(plot_case, record, out / case_figure_name(record))
         if path is not None:
-            written[name] = path
+            written[case_figure_name(record)] = path
     return written
 
 

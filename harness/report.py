@@ -610,7 +610,8 @@ def _index_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, A
         if len(failures) > len(shown):
             body += [f"_{len(failures) - len(shown)} more in failures.csv._", ""]
         if case_figures:
-            body += [f"A figure (the first {len(case_figures)} failing cases) shows the case along the sequence: "
+            body += [f"A figure (the worst case of each kernel, dtype, verdict and cause: {len(case_figures)}) shows "
+                     "the case along the sequence: "
                      "its error in units of the rounding bound, and the float64 oracle's state against the "
                      "dtype's largest value, with the first mismatch, the first NaN/Inf and the first position "
                      "out of the dtype's range marked.", ""]
@@ -664,7 +665,7 @@ def write_report(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any]
                  plots: bool = True, case_figures: int | None = None) -> ReportPaths:
     """`build_report` for records already in memory.
 
-    ``case_figures``: how many failing cases get a figure along the sequence (worst first; default
+    ``case_figures``: how many failing cases get a figure along the sequence (the worst of each kind; default
     `harness.plots.MAX_CASE_FIGURES`; 0 for none). Each replays its case's float64 oracle.
     """
     out = Path(out_dir)

@@ -160,6 +160,21 @@ def test_failing_case_figure_is_drawn_and_linked(planted_run):
     assert not any(p.name.startswith("case_intree") for p in paths.out_dir.iterdir())
 
 
+def test_one_figure_per_kind_of_failure_not_one_per_shrinking_step(planted_run, tmp_path):
+    """A failing search's records are one case and the shrinker's copies of it: each got a figure (12 a
+    report, about 7 s, one picture repeated). Now the worst record of each kernel x dtype x verdict x cause."""
+    from harness.plots import case_figure_name, write_case_figures
+
+    records, _ = planted_run
+    worst = [r for r in records if r["verdict"] != "equivalent"]
+    copies = [dict(r, case=f"{r['case']}-shrunk{i}", cond_max=r["cond_max"] / (i + 2)) for r in worst for i in range(5)]
+    drawn = write_case_figures(worst + copies, tmp_path)
+    assert sorted(drawn) == sorted(case_figure_name(r) for r in worst)
+    assert len({(r["kernel"], r["dtype"]) for r in worst}) == len(worst) == 2  # two kinds: two figures
+    one_kind = [dict(r, dtype=worst[0]["dtype"]) for r in copies]
+    assert len(write_case_figures(one_kind, tmp_path / "one")) == 1
+
+
 def test_case_figures_are_byte_identical_from_the_same_records(planted_run, tmp_path):
     from harness.report import write_report
 
