@@ -47,6 +47,7 @@ CAUSE_PHRASES: dict[str, str] = {
     "constant_factor": "the oracle's output times one constant: another scale or sign convention",
     "layout": "the oracle's output on the inputs read with two axes swapped: another layout",
     "input_overflow": "the inputs overflow the dtype",
+    "near_overflow": "exact values in range, within their error bound of the dtype's max",
     "raised": "the kernel raised",
     "timeout": "the kernel did not return in time",
     "wrong_shape": "wrong output shape",

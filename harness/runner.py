@@ -11,7 +11,8 @@ eps = 0 is equivalent), ``precision_loss`` (divergent in a low precision, equiva
 in float64: the algorithm is right and loses digits a plain loop in that dtype keeps), ``tf32``
 (divergent in float32, equivalent when the kernel's Triton dots run in IEEE float32 instead of TF32),
 ``chunk_rounding`` (divergent, within a chunked form's bound for a kernel that declares no chunk size),
-``input_overflow`` (out_of_domain: the inputs overflow the dtype), ``precision_exhausted``
+``input_overflow`` (out_of_domain: the inputs overflow the dtype), ``near_overflow`` (out_of_domain: exact
+values in range, within their error bound of the dtype's max), ``precision_exhausted``
 (out_of_domain: no digit of the output is guaranteed in the dtype), or the contract outcome of a kernel
 error.
 """

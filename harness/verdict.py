@@ -364,11 +364,15 @@ def _domain_why(rec: Divergence, name: str, max_finite: float) -> str:
 
 def domain_kind(rec: Divergence | Mapping[str, Any]) -> str:
     """Why elements were left out: ``precision_exhausted`` when every element out of domain is in range
-    but has no guaranteed digit, else ``input_overflow`` (the inputs overflow the dtype in exact
+    but has no guaranteed digit; ``near_overflow`` when the range is first left by exact values that are
+    in range but within their error bound of the dtype's max (a correct kernel may overflow there: a
+    float16 gradient's bound is wide); else ``input_overflow`` (the inputs overflow the dtype in exact
     arithmetic). The runner's ``cause`` of an OUT_OF_DOMAIN verdict."""
     get = rec.get if isinstance(rec, Mapping) else lambda k, d=None: getattr(rec, k, d)
     lost = get("n_precision_exhausted", 0) or 0
-    return "precision_exhausted" if lost and lost >= (get("n_out_of_domain", 0) or 0) else "input_overflow"
+    if lost and lost >= (get("n_out_of_domain", 0) or 0):
+        return "precision_exhausted"
+    return "near_overflow" if get("domain_cause") == "near_overflow" else "input_overflow"
 
 
 def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> str:
@@ -405,7 +409,8 @@ _HEADLINES: dict[Verdict, str] = {
     Verdict.EQUIVALENT: "Kernel output is equivalent to the float64 oracle.",
     Verdict.DIVERGENT: "Kernel output diverges from the float64 oracle.",
     Verdict.OUT_OF_DOMAIN: ("The case is out of domain: its inputs overflow the dtype even in exact arithmetic, "
-                            "or no digit of the output is guaranteed in the dtype."),
+                            "its exact values lie within their error bound of the dtype's max, or no digit of the "
+                            "output is guaranteed in the dtype."),
     Verdict.KERNEL_ERROR: "The kernel failed; there is no output to compare with the float64 oracle.",
 }
 

@@ -259,7 +259,7 @@ def test_every_cause_the_runner_names_reads_as_a_phrase():
 
     named = set(re.findall(r'"(precision_loss|kernel_bug|eps_effect|rounding|tf32|chunk_rounding)"', Path(runner.__file__).read_text()))
     assert named and named <= set(CAUSE_PHRASES)
-    assert {"precision_exhausted", "input_overflow"} <= set(CAUSE_PHRASES)  # the verdict's domain kinds
+    assert {"precision_exhausted", "input_overflow", "near_overflow"} <= set(CAUSE_PHRASES)  # the domain kinds
 
 
 def test_a_new_cause_gets_its_own_line_without_code_changes():

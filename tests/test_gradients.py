@@ -315,12 +315,14 @@ def test_a_gradient_within_its_bound_of_the_max_says_so_not_that_its_inputs_over
     float16's max, so those elements are left out (a correct backward may overflow there). The records said
     cause ``input_overflow`` with "a rounding bound at least as large as the value itself ... the kernel is
     non-finite there" and "the inputs overflow the dtype even in exact arithmetic": all three untrue (the
-    kernel is finite, the values in range). Now: domain_cause ``near_overflow``, and the why says that."""
+    kernel is finite, the values in range). Now: domain_cause ``near_overflow``, and the why says that; so
+    does the cause, which said ``input_overflow`` ("the inputs overflow the dtype") in the findings."""
     p = Problem(family="gla", length=2, dtype="float16", batch=2, heads=3, dk=17, dv=12, regime="large", seed=5)
     records = gradient_case(get("intree.gla_recurrent"), p, RunOptions())
     left_out = [r for r in records if r["verdict"] == "out_of_domain"]
     assert left_out, [(r["kernel"], r["verdict"]) for r in records]
     for r in left_out:
         assert r["domain_cause"] == "near_overflow" and r["n_kernel_nonfinite"] == 0, (r["kernel"], r["why"])
+        assert r["cause"] == "near_overflow", r["cause"]
         assert "within its error bound of float16 max" in r["why"], r["why"]
         assert "non-finite" not in r["why"] and "overflow the dtype even in exact arithmetic" not in r["why"], r["why"]

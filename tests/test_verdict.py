@@ -398,6 +398,9 @@ def test_part_of_a_case_without_digits_leaves_the_rest_judged():
     # the cause of an out_of_domain verdict: range overflow outranks lost digits
     assert domain_kind({"n_out_of_domain": 5, "n_precision_exhausted": 2}) == "input_overflow"
     assert domain_kind({"n_out_of_domain": 2, "n_precision_exhausted": 2}) == "precision_exhausted"
+    # exact values in range but within their bound of the max: not "the inputs overflow"
+    assert domain_kind({"n_out_of_domain": 5, "domain_cause": "near_overflow"}) == "near_overflow"
+    assert domain_kind({"n_out_of_domain": 5, "domain_cause": "state"}) == "input_overflow"
 
 
 @pytest.mark.parametrize("exponent, says", [(0.5, "error grows like (t+1)^0.50"), (-0.3, "error falls like (t+1)^-0.30")])
