@@ -394,8 +394,8 @@ def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> st
     where = f" from t={t}" if t is not None else ""
     rows = f" in {rec.n_rows_out_of_domain} of {rec.n_rows} rows" if rec.n_rows else ""
     if what is None and rec.domain_cause == "precision_exhausted":  # the range is left later than the digits
-        return (f"{ranged} element(s) leave {name}'s range (state, decays or output beyond {max_finite:.3g}; "
-                f"state peak {_g(rec.state_peak_max)}), the inputs overflow the dtype even in exact arithmetic")
+        return (f"{ranged} element(s) leave {name}'s range or lie within their error bound of its max (state, "
+                f"decays or output beyond {max_finite:.3g}; state peak {_g(rec.state_peak_max)})")
     if what is None:  # no overflow behind it: the kernel is non-finite only where no digit is guaranteed
         return (f"{ranged} element(s){where}{rows} have a rounding bound at least as large as "
                 f"the value itself in {name} (no significant digit is guaranteed; the kernel is non-finite "

@@ -89,6 +89,24 @@ def test_a_wrong_backward_is_found_while_the_forward_is_right(dtype):
     assert by_input["b"]["cause"] == "kernel_bug"
 
 
+@pytest.mark.parametrize(("dtype", "length", "verdict"), [("bfloat16", 5, "out_of_domain"), ("float16", 5, "out_of_domain"),
+                                                      ("float32", 64, "divergent")])
+def test_a_wrong_backward_is_never_equivalent_where_its_bound_leaves_no_digit(dtype, length, verdict):
+    """A gradient's bound is normwise and carries headroom (`GRADIENT_SLACK`): in bfloat16 it is 98 times the
+    gradient's scale at L = 64, so a backward off by 84 times its value was `equivalent` at cond 0.003.
+    The bound now has its precision domain: where it reaches half the scale the elements are
+    `precision_exhausted` and the case out_of_domain (no claim either way); float32 at any ci length keeps
+    its digits and the wrong backward is divergent as before."""
+    caps = Capabilities(dtypes=(dtype,), autograd=True)
+    spec = KernelSpec(name="planted.leaky_backward", family="linear_scan", load=lambda: _LeakyBackward.apply,
+                      capabilities=caps, source="test")
+    records = gradient_case(spec, Problem("linear_scan", length, dtype=dtype, batch=2, dim=3, seed=4))
+    b = next(r for r in records if r["grad_of"] == "b")
+    assert b["verdict"] == verdict, (b["verdict"], b["why"])
+    if verdict == "out_of_domain":
+        assert b["cause"] == "precision_exhausted" and b["n_precision_exhausted"] == b["n_out_of_domain"] > 0
+
+
 def test_a_gradient_s_counterexample_replays_that_gradient(tmp_path):
     """`harness.check` saves a gradient's failure (it named a file it never wrote) and `cases.replay` takes
     that input's gradient again: the forward alone is equivalent and would hide the bug. Its replay command
@@ -315,14 +333,16 @@ def test_a_gradient_within_its_bound_of_the_max_says_so_not_that_its_inputs_over
     float16's max, so those elements are left out (a correct backward may overflow there). The records said
     cause ``input_overflow`` with "a rounding bound at least as large as the value itself ... the kernel is
     non-finite there" and "the inputs overflow the dtype even in exact arithmetic": all three untrue (the
-    kernel is finite, the values in range). Now: domain_cause ``near_overflow``, and the why says that; so
-    does the cause, which said ``input_overflow`` ("the inputs overflow the dtype") in the findings."""
+    kernel is finite, the values in range). Now: domain_cause ``near_overflow`` where that is what leaves
+    the domain first, and the cause says so (it said ``input_overflow``, "the inputs overflow the dtype",
+    in the findings); where the bound leaves no digit at all, ``precision_exhausted`` (the precision domain
+    of a gradient, `_gradient_trace`), and the why still claims no overflow of the inputs."""
     p = Problem(family="gla", length=2, dtype="float16", batch=2, heads=3, dk=17, dv=12, regime="large", seed=5)
     records = gradient_case(get("intree.gla_recurrent"), p, RunOptions())
     left_out = [r for r in records if r["verdict"] == "out_of_domain"]
     assert left_out, [(r["kernel"], r["verdict"]) for r in records]
     for r in left_out:
-        assert r["domain_cause"] == "near_overflow" and r["n_kernel_nonfinite"] == 0, (r["kernel"], r["why"])
-        assert r["cause"] == "near_overflow", r["cause"]
-        assert "within its error bound of float16 max" in r["why"], r["why"]
+        assert r["domain_cause"] in ("near_overflow", "precision_exhausted"), (r["kernel"], r["why"])
+        assert r["n_kernel_nonfinite"] == 0 and r["cause"] in ("near_overflow", "precision_exhausted"), r["cause"]
+        assert "within their error bound of its max" in r["why"] or "within its error bound of float16 max" in r["why"]
         assert "non-finite" not in r["why"] and "overflow the dtype even in exact arithmetic" not in r["why"], r["why"]
