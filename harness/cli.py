@@ -291,7 +291,7 @@ def cmd_check(args) -> int:
             if result.counterexample:
                 print(f"\ncounterexample saved: {result.counterexample}")
         status = max(status, result.exit_code)
-    if len(results) > 1:  # the searches' outcomes in one place, after the messages they may have printed
+    if results:  # the searches' outcomes in one place, after the messages they may have printed
         print("\nsearches:")
         for (target, _, dtypes), result in zip(units, results):
             forward = sum(1 for r in result.records if r.get("mode") != "grad")

@@ -267,7 +267,9 @@ class Problem:
         return self.definition.call_kwargs(self)
 
     def describe_call(self) -> str:
-        """The kernel call this problem makes, tensors by shape: ``fn(u (2, 3, 5), ..., delta_softplus=True)``.
+        """The kernel call this problem makes, tensors by shape: ``fn(u (2, 3, 5), ..., delta_softplus=True)``;
+        a packed batch's boundaries with their values (``cu_seqlens=(3,) int64 [0, 2, 5]``, and ssd's
+        ``seq_idx`` with the cu_seqlens it is made of): a varlen bug depends on them.
 
         What a kernel that raised or returned the wrong shape was handed (grouped B and C, a chunk size,
         an option it does not take), which the case's output shape alone does not say."""
@@ -275,13 +277,17 @@ class Problem:
         meta = {name: torch.empty(shape, dtype=self.torch_dtype, device="meta") for name, shape in shapes.items()}
         args, kwargs = self.definition.call_args(self, meta, dict(self.call_kwargs()))
 
-        def show(value: Any) -> str:
-            return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}" \
-                if isinstance(value, torch.Tensor) else repr(value)
+        def show(value: Any, name: str = "") -> str:
+            if not isinstance(value, torch.Tensor):
+                return repr(value)
+            text = f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+            if name in ("cu_seqlens", "seq_idx") and self.cu_seqlens is not None:
+                text += f" {list(self.cu_seqlens)}" if name == "cu_seqlens" else f" (cu_seqlens {list(self.cu_seqlens)})"
+            return text
 
         names = {id(t): n for n, t in meta.items()}
         parts = [f"{names.get(id(a), 'arg')} {show(a)}" if isinstance(a, torch.Tensor) else show(a) for a in args]
-        parts += [f"{k}={show(v)}" for k, v in kwargs.items()]
+        parts += [f"{k}={show(v, k)}" for k, v in kwargs.items()]
         return f"fn({', '.join(parts)})"
 
 

@@ -126,6 +126,9 @@ def test_exit_0_for_a_correct_kernel(tmp_path, kernel_file):
     assert {r["grad_of"] for r in records if r.get("mode") == "grad"} == {"a", "b"}  # gradients: on by default
     assert {r["verdict"] for r in records} <= {"equivalent", "out_of_domain"}
     assert not (tmp_path / "cases").exists() or not list((tmp_path / "cases").iterdir())
+    # one dtype searched: its line is printed too (the README promises one per dtype; it came only for two or more)
+    summary = proc.stdout.split("\nsearches:\n")[1].splitlines()
+    assert summary[0].endswith("loop_scan float64: passed; 6 cases run"), summary
 
 
 @pytest.mark.parametrize(("flag", "status"), [((), 1), (("--no-grad",), 0)])

@@ -176,3 +176,17 @@ def test_a_kernel_refusing_the_initial_state_s_dtype_is_told_what_it_was_handed(
                    max_length=16, grad=False, save_counterexample=False)
     assert not result.passed and result.failure["outcome"] == "raised"
     assert "Hint: this case hands an initial state (initial_state, in the case's dtype float64" in result.message
+
+
+def test_the_call_line_gives_a_packed_batch_s_boundaries():
+    """A varlen bug depends on where the sequences start: the `Call:` line said ``cu_seqlens=(3,) int64`` and
+    the user opened the case file to learn them. ssd's ``seq_idx`` says which cu_seqlens it was made of."""
+    from harness.problems import Problem
+
+    gla = Problem(family="gla", length=5, dtype="float32", batch=1, heads=2, dk=4, dv=4, cu_seqlens=(0, 2, 5))
+    assert gla.describe_call().endswith("cu_seqlens=(3,) int64 [0, 2, 5])"), gla.describe_call()
+    ssd = Problem(family="ssd", length=5, dtype="float32", batch=1, heads=2, groups=1, dim=4, state=4,
+                  cu_seqlens=(0, 2, 5), chunk_size=2)
+    assert "seq_idx=(1, 5) int32 (cu_seqlens [0, 2, 5])" in ssd.describe_call(), ssd.describe_call()
+    plain = Problem(family="gla", length=5, dtype="float32", batch=1, heads=2, dk=4, dv=4)
+    assert "cu_seqlens" not in plain.describe_call()
