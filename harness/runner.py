@@ -695,6 +695,17 @@ def explains(judgement: Judgement) -> bool:
 SEVERITY = (Verdict.KERNEL_ERROR, Verdict.DIVERGENT, Verdict.OUT_OF_DOMAIN, Verdict.EQUIVALENT)
 
 
+#: The final state's measurement kept in a record whose verdict it decides (``final_state_<key>``), so that
+#: the failure message shows the final state's worst element, not the (equivalent) output's
+#: (`harness.verdict.format_failure`).
+FINAL_STATE_SHOWN = ("shape", "axis_names", "length", "length_axis", "n_elements", "n_in_domain", "n_compared",
+                     "n_mismatch", "worst_index", "worst_actual", "worst_desired", "worst_abs", "worst_cond",
+                     "worst_bound", "cond_p99", "ulp_p99", "onset_t", "n_out_of_domain", "domain_onset_t",
+                     "domain_cause", "n_precision_exhausted", "has_baseline", "baseline_cond_max",
+                     "baseline_max_abs", "baseline_ratio", "max_error_first_half", "max_error_second_half",
+                     "growth_exponent")
+
+
 def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: torch.Tensor | None,
                  precision: str, options: RunOptions, record: dict[str, Any], judgement: Judgement) -> Judgement:
     """Measure the final state (the second target of a gated case) and record it as ``final_state_*``;
@@ -722,6 +733,8 @@ def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: to
     record["final_state_why"] = state.why
     if SEVERITY.index(state.verdict) < SEVERITY.index(judgement.verdict):
         record["verdict_target"] = "final_state"  # the counterfactuals then compare the final state's errors
+        if isinstance(got, torch.Tensor) and tuple(got.shape) == want:  # what the failure message shows
+            record.update({f"final_state_{key}": found[key] for key in FINAL_STATE_SHOWN if key in found})
         return Judgement(state.verdict, f"final state: {state.why}", state.rule)
     return judgement
 

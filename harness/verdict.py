@@ -216,6 +216,17 @@ def _record(record: Divergence | Mapping[str, Any] | None) -> Divergence | None:
     raise InvalidArgument(f"record={record!r:.80} is neither a Divergence nor its to_dict() dict")
 
 
+def _final_state_view(record: Any) -> dict[str, Any] | None:
+    """A record whose final state decides its verdict, with the final state's measurement in place of the
+    output's; None for any other record."""
+    if not isinstance(record, Mapping) or record.get("verdict_target") != "final_state":
+        return None
+    if record.get("final_state_worst_index") is None:
+        return None
+    prefix = "final_state_"
+    return {**record, **{k[len(prefix):]: v for k, v in record.items() if k.startswith(prefix)}}
+
+
 def _stored_kernel_error(record: Mapping[str, Any]) -> str | None:
     """The kernel error a stored runner record carries, or None when it holds a measurement.
 
@@ -423,9 +434,16 @@ def format_failure(
 ) -> str:
     """The message `assert_equivalent` raises with: what mismatched, where, by how much, why, how to replay.
 
-    ``context``: lines about the case itself (``Call: ...``, ``Hint: ...``), put before the replay line."""
-    rec = _record(record)
+    ``context``: lines about the case itself (``Call: ...``, ``Hint: ...``), put before the replay line.
+    A record whose verdict its final state decides (``verdict_target``) is shown by the final state's
+    measurement (`harness.runner.FINAL_STATE_SHOWN`): the output's said "Mismatched elements: 0 / 1" with
+    ACTUAL equal to DESIRED, and the final state's values were nowhere."""
+    final = _final_state_view(record)
+    rec = _record(final if final is not None else record)
     lines = [_HEADLINES[judgement.verdict]]
+    if final is not None:
+        lines = ["The kernel's final state diverges from the float64 oracle's (the numbers below are the final "
+                 "state's, shape (sequence, head, k, v); its output is not what fails)."]
     if rec is not None and not rec.problem and rec.n_elements and judgement.verdict is not Verdict.KERNEL_ERROR:
         case = f"dtype {rec.dtype}" + (" (tf32)" if rec.tf32 else "") + f", shape {tuple(rec.shape)}, L={rec.length}"
         lines.append(f"Case: {case}")

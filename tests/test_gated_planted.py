@@ -126,3 +126,24 @@ def test_the_correct_chunk_kernel_passes_the_same_cases(name):
         assert not divergent(correct, case)
         recurrent = gf.gla_recurrent if case["per_key"] else gf.simple_gla_recurrent
         assert not divergent(recurrent, case)
+
+
+def test_a_wrong_final_state_s_message_shows_the_final_state_not_the_output():
+    """A kernel whose outputs are right and whose final state is wrong failed with the output's numbers:
+    "Mismatched elements: 0 / 1", ACTUAL equal to DESIRED, and the final state's values nowhere. The
+    message now says the final state diverges and shows its worst element."""
+    import re
+
+    from harness.api import check
+    from tests.planted.gated import by_name
+
+    bug = by_name("simple_gla_final_state_one_step_early")
+    result = check(bug.spec, profile="ci", dtypes=("float64",), max_examples=25, grad=False,
+                   save_counterexample=False, shrink_deadline_s=10.0, isolation="in-process")
+    assert not result.passed and result.failure.get("verdict_target") == "final_state", result.message
+    text = result.message
+    assert text.startswith("The kernel's final state diverges"), text
+    actual = float(re.search(r"ACTUAL +(\S+)", text).group(1))
+    desired = float(re.search(r"DESIRED +(\S+)", text).group(1))
+    assert actual != desired and "Mismatched elements: 0 /" not in text, text
+    assert "(sequence=" in text, text  # the final state's axes name the worst element
