@@ -300,7 +300,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
                                    dtype=record.get("dtype"))
     failed: dict[str, dict[str, Any]] = {}  # problem key -> its failing record (hypothesis replays failures)
     problem_of: dict[str, Any] = {}
-    first_failure: list[float] = []  # when the first failure was seen: the shrink phase starts there
+    first_failure: list = []  # when the first failure was seen (the shrink phase starts there), and its kind
 
     run_case = _with_gradients(_run_case, gradient_case, spec, result, store) if grad else _run_case
     format_failure = _naming_gradients(_format_failure)
@@ -328,7 +328,9 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             hint = problem.definition.contract_hint(problem) if record["verdict"] == "kernel_error" else None
             context += [f"Hint: {hint}"] if hint else []
         message = format_failure(record, judgement, replay=replay, context=context)
-        return DivergenceError(message)
+        error = DivergenceError(message)
+        error.record = record
+        return error
 
     @settings(settings.get_profile(profile), max_examples=examples, phases=search_phases(profile))
     @given(problems(spec, dtypes=dtypes, device=device, max_length=max_length, profile=profile))
@@ -349,20 +351,30 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
                 hyp_target(float(cond), label="cond_max")
             if record["verdict"] in FAILING_VERDICTS:
                 failed[key], problem_of[key] = record, problem
-                first_failure[:] = first_failure or [time.monotonic()]
+                first_failure[:] = first_failure or [time.monotonic(), record.get("cause") in ROUNDING_CAUSES]
                 if record.get("outcome") == "timeout" or str(record.get("error") or "").startswith(
                         _isolation.LOAD_FAILED):
                     result.failure = record
                     raise _StopSearch()
         if record["verdict"] in FAILING_VERDICTS:
-            raise fail(record)  # one place: hypothesis tells failures apart by where they are raised
+            # hypothesis tells failures apart by where they are raised: a divergence that the algorithm's
+            # rounding explains is raised apart, so that shrinking one kind cannot end on a smaller case of
+            # the other (a group-map bug of a chunk form shrank to its precision_loss, and the bug's own
+            # case was never saved); each is shrunk on its own, and the kind found first is reported
+            if record.get("cause") in ROUNDING_CAUSES:
+                raise fail(record)
+            raise fail(record)
 
     key_search(search, spec, target, profile)
     try:
         search()
         result.failure = None
-    except DivergenceError as exc:
-        result.message = str(exc)
+    except (DivergenceError, ExceptionGroup) as exc:
+        exc, others = _reported(exc, first_failure[1] if len(first_failure) > 1 else False)
+        result.failure = getattr(exc, "record", result.failure)
+        result.message = str(exc) + "".join(
+            f"\nThe search also failed as {_outcome_line(r)} (shrunk on its own; replay: {r.get('replay')})"
+            for r in others)
         if result.shrink_stopped:
             result.message += (f"\nShrinking stopped at the {shrink_deadline_s:g} s deadline: this is the smallest "
                                "failing case found by then.")
@@ -384,6 +396,30 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             result.counterexample = _save_case(result.failure, problem, directory=counterexample_dir,
                                                kernel_target=target)
     return result
+
+
+#: Causes of a divergence that the algorithm's rounding explains (the float64 rerun, a second dtype, TF32 or
+#: a chunk bound): a search reports a mistake before them.
+ROUNDING_CAUSES = ("precision_loss", "chunk_rounding", "tf32", "undeclared_precision")
+
+
+def _reported(exc: BaseException, first_rounding: bool) -> tuple[BaseException, list[dict[str, Any]]]:
+    """The failure a search reports, and the records of its other distinct failures: of a hypothesis
+    exception group (one per place a failure was raised), the one of the kind the search found first
+    (``first_rounding``: its cause was a rounding cause), shrunk. The first find is what the search was led
+    to; a kernel that computes in float16 is best named by its undeclared_precision, a group-map mistake by
+    its kernel_bug, though a chunk form's precision loss beside it shrinks further."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc, []
+    errors = [e for e in exc.exceptions if isinstance(e, DivergenceError)]
+    if not errors:
+        raise exc
+    errors.sort(key=lambda e: (getattr(e, "record", {}).get("cause") in ROUNDING_CAUSES) != first_rounding)
+    return errors[0], [e.record for e in errors[1:] if hasattr(e, "record")]
+
+
+def _outcome_line(record: dict[str, Any]) -> str:
+    return f"{record.get('verdict')}, {record.get('cause')} ({record.get('dtype')} L={record.get('length')})"
 
 
 #: Causes that say no more than "wrong" (a shrunk case often has too few elements to name more).

@@ -31,7 +31,7 @@ import time
 
 import pytest
 
-from harness.api import check
+from harness.api import ROUNDING_CAUSES, check
 from harness.cases import load_case
 from harness.kernels import registry
 from harness.problems import Problem
@@ -176,7 +176,11 @@ def test_shrinking_never_grows_a_case(tmp_path_factory):
         found = search(bug, tmp_path_factory)
         if found.result.passed or found.first is None:
             continue
-        first, shrunk = n_inputs(found.first[2]), n_inputs(found.result.failure)
+        # the first failure of the kind reported: a mistake and a rounding cause are shrunk apart (api.ROUNDING_CAUSES)
+        kind = found.result.failure.get("cause") in ROUNDING_CAUSES
+        first_of_kind = next((r for r in found.result.records if r.get("verdict") in FAILING
+                              and (r.get("cause") in ROUNDING_CAUSES) == kind), found.first[2])
+        first, shrunk = n_inputs(first_of_kind), n_inputs(found.result.failure)
         if shrunk > first:
             grown.append(f"{bug.name}: {first} -> {shrunk} inputs")
     assert not grown, "shrinking made these counterexamples larger than the first failure:\n" + "\n".join(grown)
@@ -196,7 +200,9 @@ def test_a_failing_search_spends_no_case_on_hypothesis_s_explanation(tmp_path_fa
         assert Phase.explain not in phases and Phase.shrink in phases and Phase.generate in phases, (profile, phases)
     for name in ("scan_fp16_state", "retention_parallel_strict_mask"):
         found = search(next(bug for bug in PLANTED if bug.name == name), tmp_path_factory)
-        assert not found.result.passed and len(found.result.records) <= 40, (name, len(found.result.records))
+        others = found.result.message.count("The search also failed as")  # each failure is shrunk on its own
+        budget = 40 + 50 * others
+        assert not found.result.passed and len(found.result.records) <= budget, (name, len(found.result.records))
 
 #: The correct in-tree kernels. The cumulative-product chunk forms are left out: they are right under mild
 #: decay and divergent by design under strong decay (their exp(-cumsum) overflows; docs/verdict.md).

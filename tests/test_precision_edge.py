@@ -570,3 +570,28 @@ def test_exact_softplus_is_not_a_float64_bug():
     assert in_band
     p = in_band[0]
     assert run_case(spec, p, RunOptions(timeout_s=None, isolation="in-process"))["verdict"] == "equivalent"
+
+
+def _log_space_scan_wrong_past_two_channels(a, b):
+    """`_log_space_scan` (precision lost by the algorithm) with a mistake as well: channels from the third on
+    take b one percent too large."""
+    wrong = b.clone()
+    wrong[:, 2:] = wrong[:, 2:] * 1.01
+    return _log_space_scan(a, wrong)
+
+
+def test_a_search_reports_the_mistake_not_a_smaller_case_of_precision_loss():
+    """A search tells failures apart by where they are raised. Raised from one place, shrinking a kernel
+    that both loses precision and has a mistake could end on a small case of the precision loss, and the
+    mistake's case was never saved (a user's group-map bug in a chunk form: "divergent, precision_loss,
+    shrunk to L=9" in float64 and float32). The rounding causes are raised apart now: each failure is shrunk
+    on its own, the mistake is reported and saved, and the message says what else the search found."""
+    from harness.api import check
+
+    result = check(_log_space_scan_wrong_past_two_channels, family="linear_scan", profile="ci", dtypes=("float64",),
+                   grad=False, save_counterexample=False, shrink_deadline_s=20.0, isolation="in-process")
+    assert not result.passed and result.failure["cause"] == "kernel_bug", result.message
+    assert result.failure["dim"] >= 3, result.failure["dim"]  # where the mistake is
+    found = {r.get("cause") for r in result.records if r["verdict"] == "divergent"}
+    assert {"kernel_bug", "precision_loss"} <= found, found
+    assert "The search also failed as divergent, precision_loss" in result.message, result.message
