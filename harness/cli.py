@@ -594,9 +594,10 @@ def _usage_errors_first(args) -> None:
     from harness.kernels.names import Family
     from harness.kernels.target import check_target_file
 
-    if getattr(args, "family", None):
-        Family.parse(args.family)
-    if getattr(args, "kernel", None):
+    family = getattr(args, "family", None)
+    for name in family if isinstance(family, list) else [family] if family else []:  # init takes one per kernel
+        Family.parse(name)
+    if args.command == "check" and args.kernel:  # (init writes a table naming files that may come later)
         check_target_file(args.kernel)
     if args.command == "replay" and args.file and not Path(args.file).exists() and not args.problem:
         raise InvalidArgument(f"case file {args.file!r} does not exist; expected a saved case (a .json file)")
