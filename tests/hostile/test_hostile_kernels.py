@@ -124,6 +124,7 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
+@pytest.mark.xdist_group("hostile_helpers")  # both count the pid files in HELPERS: never side by side
 def test_a_helper_process_the_kernel_started_does_not_outlive_its_worker(tmp_path):
     from harness.kernels import isolation
     from tests.hostile.kernels import HELPERS
@@ -143,6 +144,7 @@ def test_a_helper_process_the_kernel_started_does_not_outlive_its_worker(tmp_pat
     assert not [pid for pid in started if _running(pid)], "the kernel's helpers outlived its worker"
 
 
+@pytest.mark.xdist_group("hostile_helpers")  # both count the pid files in HELPERS: never side by side
 def test_an_idle_worker_that_will_not_exit_is_killed_with_what_it_started(tmp_path):
     """Workers are let go by asking them to exit (`isolation.RETIRE_S`); one that cannot, because it waits for a
     child the kernel started, is killed after that grace, its child with it."""
