@@ -399,7 +399,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
 
 
 #: Causes of a divergence that the algorithm's rounding explains (the float64 rerun, a second dtype, TF32 or
-#: a chunk bound): a search reports a mistake before them.
+#: a chunk bound): a search raises them apart from a mistake, so that each kind is shrunk on its own.
 ROUNDING_CAUSES = ("precision_loss", "chunk_rounding", "tf32", "undeclared_precision")
 
 
