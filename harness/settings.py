@@ -43,6 +43,12 @@ class Limits:
     #: on a CPU (bfloat16 retention, L = 32,768, head dim 65: docs/calibration.md, session 9).
     timeout_s: float = 120.0
 
+    @property
+    def largest_state_elements(self) -> int:
+        """The most elements one batch row and head's state can have in this profile: both of its sizes (dk x
+        dv; SSD's headdim x N) at most the largest head dim, state size or tile edge drawn."""
+        return max(self.max_head_dim, self.max_state, *self.tile_edges) ** 2
+
 
 LIMITS: dict[str, Limits] = {
     "dev": Limits(512, 2, 8, 8, 3, 16, 20, 4, 32),

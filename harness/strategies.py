@@ -51,14 +51,19 @@ def epsilons() -> st.SearchStrategy[float]:
     return st.one_of(st.just(0.0), st.floats(-12.0, -5.0).map(lambda e: float(f"{10.0 ** e:.3g}")))
 
 
-def chunk_sizes(length: int, allowed: tuple[int, ...], largest: int | None = None) -> st.SearchStrategy[int]:
+def chunk_sizes(length: int, allowed: tuple[int, ...], largest: int | None = None,
+                smallest: int = 1) -> st.SearchStrategy[int]:
     """Chunk sizes: 1, 2, odd, the length itself, larger than it, and ones that do not divide it; none
-    above ``largest`` (a kernel whose memory is square in its chunk, `Capabilities.square_scores`)."""
+    above ``largest`` (a kernel whose memory is square in its chunk, `Capabilities.square_scores`) and none
+    below ``smallest`` (one that holds every chunk's state, `Capabilities.smallest_chunk`) unless that
+    leaves none."""
     if allowed:
-        return st.sampled_from(sorted(allowed))
+        return st.sampled_from([c for c in sorted(allowed) if c >= smallest] or [max(allowed)])
     top = max(1, length + 2 if largest is None else min(length + 2, largest))
-    options = sorted(c for c in {1, 2, 3, 4, 5, 7, 8, 16, 64, length, length + 1, max(1, length // 2)} if c <= top)
-    return st.one_of(st.sampled_from(options), st.integers(1, top))
+    low = min(smallest, top)
+    options = sorted(c for c in {1, 2, 3, 4, 5, 7, 8, 16, 64, length, length + 1, max(1, length // 2)}
+                     if low <= c <= top)
+    return st.one_of(st.sampled_from(options), st.integers(low, top))
 
 
 #: Products of up to this many factors (data, decays, scales) stay normal when every nonzero explicit
@@ -137,16 +142,17 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
     dtype = draw(st.sampled_from(ok_dtypes))
     regime = draw(st.sampled_from(ok_regimes))
     chunk = None
+    rows, state_elements = lim.max_batch * lim.max_heads, lim.largest_state_elements  # memory at the largest
     if caps.lengths is Lengths.CHUNK_MULTIPLE:
         chunk = draw(st.sampled_from(caps.chunk_sizes) if caps.chunk_sizes else st.integers(1, 64))
-        longest = caps.longest_at_chunk(lim.max_batch * lim.max_heads, chunk)  # every chunk's scores at once
+        longest = caps.longest_at_chunk(rows, chunk, state_elements)  # every chunk's scores or states at once
         n_chunks = draw(st.integers(1, max(1, min(top, longest or top) // chunk)))
         length = chunk * n_chunks
     else:
         length = draw(lengths(min_value=caps.min_length, max_value=top, pow2=caps.lengths is Lengths.POW2))
         if caps.takes_chunk:
-            chunk = draw(chunk_sizes(length, caps.chunk_sizes,
-                                     largest=caps.largest_square(lim.max_batch * lim.max_heads, length)))
+            chunk = draw(chunk_sizes(length, caps.chunk_sizes, largest=caps.largest_square(rows, length),
+                                     smallest=caps.smallest_chunk(rows, length, state_elements)))
     fields: dict = dict(family=fam, length=length, dtype=dtype, device=device, regime=regime, chunk_size=chunk,
                         batch=draw(st.integers(1, lim.max_batch)), seed=draw(st.integers(0, 2**31 - 1)),
                         range_dtype=caps.range_dtype(dtype))

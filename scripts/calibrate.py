@@ -137,6 +137,13 @@ def _fit(problem, spec):
         length = min(length, square)
     if caps.lengths is Lengths.CHUNK_MULTIPLE:
         chunk = chunk or (caps.chunk_sizes[0] if caps.chunk_sizes else 64)
+    if caps.takes_chunk and chunk is not None:  # every chunk's state (or scores) at once: chunks x length
+        rows, elements = problem.batch * problem.heads, problem.definition.state_elements(problem)
+        if caps.lengths is Lengths.CHUNK_MULTIPLE:
+            length = min(length, caps.longest_at_chunk(rows, chunk, elements) or length)
+        else:
+            chunk = min(max(chunk, caps.smallest_chunk(rows, length, elements)), square or length + 2)
+    if caps.lengths is Lengths.CHUNK_MULTIPLE:
         length = max(chunk, length // chunk * chunk)
     if caps.max_length is not None and length > caps.max_length:
         length = caps.max_length if caps.lengths is not Lengths.CHUNK_MULTIPLE else caps.max_length // chunk * chunk

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 
 from harness.kernels import registry
+from harness.kernels.contract import KernelSpec
 from harness.kernels.contract import SQUARE_SCORES_BYTES, square_scores_limit
 from harness.problems import Problem
 from harness.settings import LIMITS
@@ -51,7 +52,10 @@ def test_forms_linear_in_memory_do_not(name):
 
 
 def _nightly_draws(name: str, n: int = 150) -> list[Problem]:
-    spec = registry.get(name)
+    return _nightly_draws_of(registry.get(name), n)
+
+
+def _nightly_draws_of(spec, n: int) -> list[Problem]:
     drawn: list[Problem] = []
 
     @settings(max_examples=n, derandomize=True, database=None, deadline=None)
@@ -112,35 +116,51 @@ def test_the_calibration_fits_a_long_problem_to_a_square_form(calibrate):
 
 
 _PEAK_SCRIPT = """
-import resource, torch
+import resource, sys, torch
 from harness.kernels import retnet_forms
-retnet_forms.INNER_BLOCK_ELEMENTS = 2**20  # one chunk of 1,024 at a time
-c, L = 1024, 16384
+c, L, d, first, block = (int(a) for a in sys.argv[1:])
+retnet_forms.INNER_BLOCK_ELEMENTS = block
 g = torch.Generator().manual_seed(0)
-q, k, v = (torch.randn(1, L, 1, 2, generator=g, dtype=torch.float64) for _ in range(3))
-one = retnet_forms.retention_chunkwise(q[:, :c], k[:, :c], v[:, :c], c)  # one chunk's own memory, touched
+q, k, v = (torch.randn(1, L, 1, d, generator=g, dtype=torch.float64) for _ in range(3))
+one = retnet_forms.retention_chunkwise(q[:, :first], k[:, :first], v[:, :first], c)  # one group's memory, touched
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 whole = retnet_forms.retention_chunkwise(q, k, v, c)
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
 """
 
 
-def test_the_chunkwise_form_holds_one_chunk_s_scores_at_a_time_not_the_sequence_s():
-    """The nightly calibration's kill: `intree.retention_normed_chunkwise`, float64, L = 25,457, chunk 4,729
-    (within the square budget) formed all six chunks' scores at once, 6.4 GB per tensor, and was killed
-    for memory. Now its peak past one chunk's is flat in L: 16 chunks of 1,024 formed one at a time add
-    nothing to the peak of one (231 MB when formed at once). glibc's dynamic mmap threshold is fixed so
-    that freed blocks are returned and the peak is the kernel's, not the allocator's."""
+def _chunkwise_peak_mib(chunk: int, length: int, head_dim: int, first: int, block: int) -> float:
+    """`retention_chunkwise`'s peak RSS past a first call on ``first`` positions, in a fresh process
+    (glibc's mmap threshold fixed, so that freed blocks are returned and the peak is the kernel's)."""
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, *map(str, (chunk, length, head_dim, first, block))],
+                          capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    grown_mib = float(done.stdout.split()[-1])
+    return float(done.stdout.split()[-1])
+
+
+def test_the_chunkwise_form_holds_one_chunk_s_scores_at_a_time_not_the_sequence_s():
+    """The nightly calibration's kill: `intree.retention_normed_chunkwise`, float64, L = 25,457, chunk 4,729
+    (within the square budget) formed all six chunks' scores at once, 6.4 GB per tensor, and was killed
+    for memory. Now its peak past one chunk's is flat in L: 16 chunks of 1,024 formed one at a time add
+    nothing to the peak of one (231 MB when formed at once)."""
+    grown_mib = _chunkwise_peak_mib(1024, 16384, 2, 1024, 2**20)  # a group of one chunk of 1,024
     assert grown_mib < 32, f"the peak grew {grown_mib:.0f} MiB past one chunk's"
+
+
+def test_the_chunkwise_form_holds_one_group_s_states_at_a_time_not_every_chunk_s():
+    """The nightly calibration's kill at a chunk of 1 (seed 35): `intree.retention_chunkwise`, float64,
+    L = 27,255, batch 3 x heads 3, formed every chunk's (dk x dv) state three times (contributions, the
+    list of states, their stack; measured 3.1 per chunk: some 20 GB there) and was killed for memory.
+    Now the states are formed group by group with the scores: at L = 4,096, chunk 1, dk = dv = 64, a
+    group of 15 chunks adds a megabyte or two to the peak, where every chunk's states at once added
+    411 MiB. (The nightly case itself now peaks at 1.3 GB in 15 s.)"""
+    grown_mib = _chunkwise_peak_mib(1, 4096, 64, 64, 2**16)
+    assert grown_mib < 32, f"the peak grew {grown_mib:.0f} MiB past a group's: every chunk's states at once"
 
 
 def test_chunks_formed_in_groups_give_what_they_give_at_once(monkeypatch):
@@ -157,7 +177,7 @@ def test_chunks_formed_in_groups_give_what_they_give_at_once(monkeypatch):
     torch.testing.assert_close(grouped, at_once, rtol=1e-13, atol=1e-13)
 
 
-def test_a_kernel_holding_every_chunk_at_once_is_limited_in_chunk_times_length():
+def test_a_kernel_holding_every_chunk_at_once_is_limited_in_chunk_times_length(calibrate):
     """torchscale's chunkwise form holds every chunk's scores together (memory in L x chunk): at L = 30,888
     and the square limit's chunk of 3,861 (batch 3 x heads 3, float64) it was killed for memory at 10.7 GB.
     Its chunk now shrinks with the length, and its drawn lengths with the chunk."""
@@ -166,16 +186,51 @@ def test_a_kernel_holding_every_chunk_at_once_is_limited_in_chunk_times_length()
     assert caps.chunks_at_once
     killed = Problem(family="retention_normed", length=30888, dtype="float64", batch=3, heads=3, dk=65, dv=35,
                      chunk_size=3861, eps=0.0, seed=1975398264)
-    from scripts.calibrate import _fit  # noqa: PLC0415 - the script, as the calibration runs it
-
-    fitted = _fit(killed, spec)
-    held = 8 * 9 * caps.square_matrices * fitted.chunk_size * fitted.length
+    fitted = calibrate._fit(killed, spec)
+    held = 8 * caps.held_elements(9, fitted.length, fitted.chunk_size, 65 * 35)
     assert fitted.chunk_size < 3861 and fitted.length % fitted.chunk_size == 0
     assert held <= SQUARE_SCORES_BYTES < 8 * 9 * caps.square_matrices * (fitted.chunk_size + 1) * killed.length
     for chunk in (1, 64):
-        longest = caps.longest_at_chunk(12, chunk)
-        assert 8 * 12 * caps.square_matrices * chunk * longest <= SQUARE_SCORES_BYTES
-    assert registry.get("yar.chunkwise").capabilities.longest_at_chunk(12, 64) is None  # one chunk at a time
+        longest = caps.longest_at_chunk(12, chunk, 65 * 65)
+        assert 8 * caps.held_elements(12, longest, chunk, 65 * 65) <= SQUARE_SCORES_BYTES
+        assert 8 * caps.held_elements(12, longest + chunk, chunk, 65 * 65) > SQUARE_SCORES_BYTES  # the longest
+    assert registry.get("yar.chunkwise").capabilities.longest_at_chunk(12, 64, 4225) is None  # one chunk at a time
+
+
+def test_a_kernel_holding_every_chunk_s_state_gets_no_small_chunk_at_a_long_length(calibrate):
+    """A chunk kernel that keeps each chunk's (dk x dv) state holds L / chunk of them: torchscale's chunkwise
+    form measures 3.1-3.4 per chunk (`CHUNK_STATES`, 4, is what a kernel that declares nothing is assumed
+    to hold), 20 GB at the nightly calibration's L = 27,255 with a chunk of 1 and head dims of 65. The
+    draws keep the states within the budget: a small chunk gets a shorter sequence (or, where the
+    length comes first, a long sequence a larger chunk); a kernel that carries one state is not limited."""
+    from harness.kernels.contract import CHUNK_STATES, Capabilities
+
+    default = Capabilities(chunk_sizes=())
+    assert default.chunk_states == CHUNK_STATES == 4
+    rows, elements = 9, 65 * 65
+    smallest = default.smallest_chunk(rows, 27255, elements)
+    assert 1 < smallest <= 27255
+    assert 8 * default.held_elements(rows, 27255, smallest, elements) <= SQUARE_SCORES_BYTES
+    assert 8 * default.held_elements(rows, 27255, smallest - 1, elements) > SQUARE_SCORES_BYTES
+    carried = registry.get("intree.retention_chunkwise").capabilities
+    assert carried.smallest_chunk(rows, 27255, elements) == 1 and carried.longest_at_chunk(rows, 1, elements) is None
+
+    killed = Problem(family="retention", length=27255, dtype="float64", batch=3, heads=3, dk=65, dv=65,
+                     chunk_size=1, seed=0)
+    assert calibrate._fit(killed, registry.get("intree.retention_chunkwise")) == killed  # it now streams
+    user = KernelSpec(name="user.chunkwise", family=killed.family, load=lambda: None, capabilities=default)
+    assert calibrate._fit(killed, user).chunk_size == smallest
+    torchscale = calibrate._fit(killed.replace(family="retention_normed", eps=0.0), registry.get("torchscale.chunkwise"))
+    assert torchscale.chunk_size == 1 and torchscale.length < 27255
+    assert 8 * registry.get("torchscale.chunkwise").capabilities.held_elements(9, torchscale.length, 1, elements) \
+        <= SQUARE_SCORES_BYTES
+
+    drawn = _nightly_draws_of(KernelSpec(name="user.chunkwise", family=killed.family, load=lambda: None,
+                                         capabilities=default), 300)
+    nightly_rows, nightly_elements = NIGHTLY.max_batch * NIGHTLY.max_heads, NIGHTLY.largest_state_elements
+    assert max(p.length for p in drawn) > 16384 and min(p.chunk_size for p in drawn) == 1  # not limited beyond
+    for p in drawn:
+        assert 8 * default.held_elements(nightly_rows, p.length, p.chunk_size, nightly_elements) <= SQUARE_SCORES_BYTES
 
 
 _MEASURE_SCRIPT = """
@@ -236,3 +291,75 @@ def test_every_square_kernel_holds_no_more_than_it_declares():
         per_n2 = r["peak"] / (8 * 9 * n * n)
         declared = caps.square_matrices * (r["length"] / n if caps.chunks_at_once else 1)
         assert per_n2 <= declared, f"{r['name']}: {per_n2:.2f} (n x n) matrices per row held, {declared} declared"
+
+
+_STATES_SCRIPT = """
+import json, sys, torch
+from harness.kernels import registry, retnet_forms
+from harness.problems import Problem
+from harness.runner import call_args
+
+retnet_forms.INNER_BLOCK_ELEMENTS = 1  # a group of one chunk: the group's own bound is fixed, not L's
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+length, d = int(sys.argv[1]), int(sys.argv[2])
+for name in sys.argv[3:]:
+    spec = registry.get(name)
+    family = spec.family.value
+    dtype = "float64" if "float64" in spec.capabilities.dtypes else "float32"
+    fields = dict(family=family, dtype=dtype, batch=3, heads=3, dk=d, dv=d, chunk_size=1, seed=0)
+    if family == "retention_normed":
+        fields["eps"] = 0.0
+    if family == "ssd":
+        fields.update(groups=1, state=d)
+    fn = spec.callable()
+    small = Problem(length=8, **fields)  # imports and one-time set-up
+    args, kwargs = call_args(small, small.make_inputs(), spec)
+    with torch.no_grad():
+        fn(*args, **kwargs)
+    p = Problem(length=length, **fields)
+    args, kwargs = call_args(p, p.make_inputs(), spec)
+    open("/proc/self/clear_refs", "w").write("5")  # the high-water mark starts again here
+    base = status("VmRSS")
+    with torch.no_grad():
+        fn(*args, **kwargs)
+    print(json.dumps({"name": name, "peak": status("VmHWM") - base, "itemsize": torch.finfo(p.torch_dtype).bits // 8}))
+"""
+
+#: Chunk kernels run on the CPU without an interpreter (the Triton kernels' lengths stay in the hundreds).
+CHUNKED = ("intree.retention_chunkwise", "intree.retention_normed_chunkwise", "intree.simple_gla_chunk",
+           "intree.gla_chunk", "intree.ssd_chunk", "torchscale.chunkwise", "yar.chunkwise",
+           "mamba_ssm.ssd_chunk_scan_combined_ref", "mamba_ssm.ssd_minimal_discrete")
+
+
+def test_every_chunk_kernel_holds_no_more_per_chunk_than_it_declares():
+    """The per-chunk memory model, measured at a chunk of 1 (L = 1,024 chunks; batch 3 x heads 3, head dims
+    32): a kernel's peak past its inputs stays within what it declares (`Capabilities.held_elements`:
+    per-chunk states, chunk pairs) plus 16 (L x head dim) buffers per row and head, what any form holds
+    (outputs, scaled and padded copies). Measured: torchscale 3.1 states per chunk (declares 4); the
+    in-tree forms and yet-another-retnet's carry one state (declare 0), where the in-tree chunkwise form
+    held 3.1 before it formed its states group by group."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    names = [name for name in CHUNKED if registry.get(name).unavailable_reason() is None]
+    assert "intree.retention_chunkwise" in names and "torchscale.chunkwise" in names
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    length, d = 1024, 32
+    done = subprocess.run([sys.executable, "-c", _STATES_SCRIPT, str(length), str(d), *names],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["name"] for r in rows] == names
+    for r in rows:
+        caps = registry.get(r["name"]).capabilities
+        declared = caps.held_elements(9, length, 1, d * d) + 9 * 16 * length * d  # float64 elements
+        held = r["peak"] / 8
+        assert held <= declared, f"{r['name']}: {held / (9 * length * d * d):.2f} states per chunk held; " \
+                                 f"{caps.chunk_states} declared ({held:.3g} > {declared:.3g} elements)"

@@ -183,6 +183,12 @@ class FamilyDef:
         """The shape of the final state, for families that return one."""
         return None
 
+    def state_elements(self, p: "Problem") -> int:
+        """The elements of one batch row and head's state (dk x dv; SSD's headdim x N): what a chunk kernel
+        holds per chunk when it keeps every chunk's state (`Capabilities.chunk_states`)."""
+        shape = self.state_shape(p)
+        return math.prod(shape[2:]) if shape else p.dk * p.dv
+
     def differentiable(self, p: "Problem", x: dict[str, torch.Tensor], convention: RetentionConvention,
                        ) -> torch.Tensor:
         """The oracle's definition, differentiable (`reference_impls.autograd`), in the dtype of ``x``."""

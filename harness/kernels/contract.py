@@ -88,6 +88,16 @@ SQUARE_SCORES_BYTES = 2**32
 #: declares no count: what the in-tree, yet-another-retnet and torchscale parallel forms measure (2.5 to 4).
 SQUARE_MATRICES = 4
 
+#: The per-chunk states (one batch row and head's, dk x dv; headdim x N for SSD) a chunk kernel is assumed
+#: to hold at its peak, for every chunk at once, when it declares no count: a kernel that keeps each
+#: chunk's state (torchscale's ``kv``, the list of running states and their stack) measures 3.1 to 3.4.
+CHUNK_STATES = 4
+
+#: The (chunks x chunks) matrices per batch row and head a chunk kernel is assumed to hold when it declares
+#: no count: the decays between every pair of chunks (mamba-ssm's SSD references and the Mamba-2 paper's
+#: Listing 1, which its users copy) measure about 4 in float32.
+CHUNK_PAIRS = 4
+
 
 def square_scores_limit(rows: int, matrices: int = SQUARE_MATRICES, length: int | None = None) -> int:
     """The largest n whose ``matrices`` (n x n) float64 matrices for ``rows`` (batch rows x heads) fit
@@ -173,6 +183,13 @@ class Capabilities:
     #: squared (torchscale's ``chunk_recurrent_forward``: about 0.75 + 2.25 L/chunk matrices per batch row
     #: and head; at L = 30,888, chunk 3,861 within the square limit, it was killed for memory).
     chunks_at_once: bool = False
+    #: A chunk kernel's states held for every chunk at once, per batch row and head (`CHUNK_STATES`; 0 for
+    #: a kernel that carries one state from chunk to chunk): L / chunk of them, so a small chunk at a long
+    #: length is what fills memory (the nightly calibration: the in-tree chunkwise form at L = 27,255 with
+    #: a chunk of 1 held three per chunk, some 20 GB, and was killed for memory).
+    chunk_states: int = CHUNK_STATES
+    #: A chunk kernel's (chunks x chunks) matrices per batch row and head (`CHUNK_PAIRS`; 0 for none).
+    chunk_pairs: int = CHUNK_PAIRS
     notes: str = ""
 
     def largest_square(self, rows: int, length: int | None = None) -> int | None:
@@ -183,12 +200,44 @@ class Capabilities:
             return None
         return square_scores_limit(rows, self.square_matrices, length if self.chunks_at_once else None)
 
-    def longest_at_chunk(self, rows: int, chunk: int) -> int | None:
-        """The longest sequence to draw with ``chunk`` for a kernel that holds every chunk's matrices at
-        once (`chunks_at_once`); None when the length is not limited by its chunks."""
-        if not (self.square_scores and self.chunks_at_once):
+    def held_elements(self, rows: int, length: int, chunk: int, state_elements: int) -> int:
+        """The elements (counted in float64) the kernel is assumed to hold at its peak for ``rows`` batch rows
+        x heads, a sequence of ``length`` in chunks of ``chunk``, states of ``state_elements`` each: its
+        square scores (`square_scores`, every chunk's with `chunks_at_once`), its per-chunk states
+        (`chunk_states`) and its (chunks x chunks) matrices (`chunk_pairs`). The strategies keep it within
+        `SQUARE_SCORES_BYTES`."""
+        n = -(-length // max(1, chunk))
+        square = self.square_matrices * chunk * (n * chunk if self.chunks_at_once else chunk) if self.square_scores else 0
+        return max(1, rows) * square + self._per_chunk_elements(rows, n, state_elements)
+
+    def _per_chunk_elements(self, rows: int, chunks: int, state_elements: int) -> int:
+        return max(1, rows) * (self.chunk_states * chunks * state_elements + self.chunk_pairs * chunks * chunks)
+
+    def longest_at_chunk(self, rows: int, chunk: int, state_elements: int) -> int | None:
+        """The longest sequence, a multiple of ``chunk``, to draw with ``chunk`` (`held_elements` within the
+        budget; at least one chunk); None when the kernel's memory does not grow with the length at a
+        fixed chunk (it takes no chunk, or forms one chunk at a time and carries one state)."""
+        if not self.takes_chunk or not (self.chunks_at_once and self.square_scores or self.chunk_states
+                                        or self.chunk_pairs):
             return None
-        return max(chunk, SQUARE_SCORES_BYTES // (8 * max(1, rows) * max(1, self.square_matrices) * chunk))
+        lo, hi = 1, 2**40 // max(1, chunk)  # chunks: lo fits (or nothing does), hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            fits = 8 * self.held_elements(rows, mid * chunk, chunk, state_elements) <= SQUARE_SCORES_BYTES
+            lo, hi = (mid, hi) if fits else (lo, mid)
+        return lo * chunk
+
+    def smallest_chunk(self, rows: int, length: int, state_elements: int) -> int:
+        """The smallest chunk whose per-chunk states and (chunks x chunks) matrices for ``length`` fit the
+        budget: 1 for a kernel that holds neither, at most ``length`` (one chunk)."""
+        if not self.takes_chunk or not (self.chunk_states or self.chunk_pairs):
+            return 1
+        lo, hi = 0, max(1, length)  # chunk sizes: lo does not fit (0: none), hi fits or is one chunk
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            fits = 8 * self._per_chunk_elements(rows, -(-length // mid), state_elements) <= SQUARE_SCORES_BYTES
+            lo, hi = (lo, mid) if fits else (mid, hi)
+        return hi
 
     @property
     def takes_chunk(self) -> bool:

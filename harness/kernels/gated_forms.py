@@ -367,9 +367,10 @@ def ssd_chunk(x, dt, A, B, C, chunk_size=DEFAULT_CHUNK, D=None, z=None, dt_bias=
 # scale: the simple_gla / gla forms take fla's ``scale`` (the ssd forms none; their family never passes one)
 _STATEFUL = dict(autograd=True, matmuls=True, initial_state=True, final_state=True, varlen=True, scale=True)
 RECURRENT_CAPS = Capabilities(**_STATEFUL)
-CHUNK_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL)
+_CARRIED = dict(chunk_states=0, chunk_pairs=0)  # the chunk forms carry one state from chunk to chunk
+CHUNK_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL, **_CARRIED)
 CUMPROD_WHY = "exp(-cumsum) overflows under strong decay: 0 * inf = NaN where the exact output is small (issue 14)"
-CUMPROD_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL, square_scores=True,  # (chunk x chunk) scores
+CUMPROD_CAPS = Capabilities(chunk_sizes=(), **_STATEFUL, **_CARRIED, square_scores=True,  # (chunk x chunk) scores
                             square_matrices=5,  # measured 3.9-4.0 per batch row and head: no room at four
                             notes=f"divergent by design: {CUMPROD_WHY}")
 #: In-tree kernels that are divergent by design where a search goes, and why: the suite expects them found,

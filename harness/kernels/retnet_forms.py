@@ -46,11 +46,13 @@ __all__ = [
 
 GammaArg = float | Sequence[float] | torch.Tensor | None
 
-#: Elements of (chunk x chunk) scores `retention_chunkwise` forms at once, over batch rows, heads and
-#: chunks (128 MiB in float64). Forming every chunk's scores at once holds L x chunk per row and head:
-#: at L = 25,457 with a chunk of 4,729 (legal: one chunk's scores fit the strategies' square budget)
-#: that is 6.4 GB per tensor in float64, and the nightly calibration saw this correct kernel killed for
-#: memory. A chunk larger than the budget is still formed whole: its memory is the chunk's own square.
+#: Elements of (chunk x chunk) scores and (dk x dv) states `retention_chunkwise` forms at once, over batch
+#: rows, heads and chunks (128 MiB in float64). Forming every chunk's scores at once holds L x chunk per
+#: row and head: at L = 25,457 with a chunk of 4,729 (legal: one chunk's scores fit the strategies' square
+#: budget) that is 6.4 GB per tensor in float64; every chunk's state at once holds L / chunk x dk x dv,
+#: three times (measured 3.1): at L = 27,255 with a chunk of 1, batch 3 x heads 3, some 20 GB. The nightly
+#: calibration saw this correct kernel killed for memory in both. A chunk larger than the budget is still
+#: formed whole: its memory is the chunk's own square.
 INNER_BLOCK_ELEMENTS = 2**24
 
 
@@ -140,9 +142,10 @@ def retention_chunkwise(
     Within a chunk of c positions (j = 0..c-1): ``o = ((scale q k^T) * Dmask_c) v + (scale q * gamma^(j+1)) R``
     where R is the state after the previous chunks, carried as ``R <- gamma^c R + (k * gamma^(c-1-j))^T v``.
     A partial last chunk is zero-padded at its end: padded keys and values sit after every real query,
-    so the causal mask hides them, and the state after the last chunk is never read. The within-chunk
-    scores are formed for as many chunks at once as `INNER_BLOCK_ELEMENTS` allows (every chunk at the
-    usual sizes; one at a time for long chunks), so memory is one chunk's scores, not the sequence's.
+    so the causal mask hides them, and the state after the last chunk is never read. The chunks are
+    formed in groups of as many as `INNER_BLOCK_ELEMENTS` allows, their scores and their states, the state
+    carried from group to group: memory is one group's, not the sequence's, at any chunk size (every
+    chunk at once at the usual sizes; one at a time for long chunks; hundreds a group at a chunk of 1).
     """
     chunk_size = _positive_int(chunk_size)
     batch, length, heads, dk, dv = _check_qkv(q, k, v)
@@ -166,19 +169,21 @@ def retention_chunkwise(
     from_state = _powers(gammas, j + 1).to(device=device, dtype=dtype)[None, :, None, :, None]
     chunk_decay = _powers(gammas, torch.tensor(c)).to(device=device, dtype=dtype)[None, :, None, None]
 
-    group = max(1, INNER_BLOCK_ELEMENTS // (batch * heads * c * c))  # chunks whose scores are formed at once
-    inner = vc.new_empty(batch, heads, chunks, c, dv)  # filled in place: see `gated_forms._output`
-    for a in range(0, chunks, group):
-        inner[:, :, a:a + group] = ((qc[:, :, a:a + group] @ kc[:, :, a:a + group].transpose(-1, -2)) * mask) \
-            @ vc[:, :, a:a + group]
-    contributions = (kc * into_state).transpose(-1, -2) @ vc  # (batch, heads, chunks, dk, dv)
+    # chunks formed at once: their scores, and their states (the contributions, the states before each
+    # chunk and their stack), so that memory is one group's whatever the number of chunks
+    group = max(1, INNER_BLOCK_ELEMENTS // (batch * heads * (c * c + dk * dv)))
+    out = vc.new_empty(batch, heads, chunks, c, dv)  # filled in place: see `gated_forms._output`
     state = torch.zeros(batch, heads, dk, dv, dtype=dtype, device=device)
-    states = [state]
-    for i in range(chunks - 1):
-        state = chunk_decay * state + contributions[:, :, i]
-        states.append(state)
-    cross = (qc * from_state) @ torch.stack(states, dim=2)  # (batch, heads, chunks, c, dv)
-    o = (inner + cross).permute(0, 2, 3, 1, 4).reshape(batch, chunks * c, heads, dv)
+    for a in range(0, chunks, group):
+        qa, ka, va = qc[:, :, a:a + group], kc[:, :, a:a + group], vc[:, :, a:a + group]
+        contributions = (ka * into_state).transpose(-1, -2) @ va  # (batch, heads, group, dk, dv)
+        states = []  # the state before each chunk of the group
+        for i in range(qa.shape[2]):
+            states.append(state)
+            if a + i < chunks - 1:  # the state after the last chunk is never read
+                state = chunk_decay * state + contributions[:, :, i]
+        out[:, :, a:a + group] = ((qa @ ka.transpose(-1, -2)) * mask) @ va + (qa * from_state) @ torch.stack(states, 2)
+    o = out.permute(0, 2, 3, 1, 4).reshape(batch, chunks * c, heads, dv)
     return o[:, :length]
 
 
@@ -229,7 +234,8 @@ def retention_chunkwise_normed(
 
 _CAPS = Capabilities(autograd=True)
 _PARALLEL = Capabilities(autograd=True, square_scores=True)  # (L x L) scores per batch row and head
-_CHUNKED = Capabilities(autograd=True, chunk_sizes=(), square_scores=True)  # (chunk x chunk) scores
+#: (chunk x chunk) scores; the states formed group by group with them (`INNER_BLOCK_ELEMENTS`), not per chunk
+_CHUNKED = Capabilities(autograd=True, chunk_sizes=(), square_scores=True, chunk_states=0, chunk_pairs=0)
 
 
 def _spec(name: str, family: Family, fn, caps: Capabilities, description: str) -> KernelSpec:

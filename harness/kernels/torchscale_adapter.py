@@ -246,6 +246,8 @@ KERNELS: list[KernelSpec] = [
                                   autograd=True,
                                   chunk_sizes=(), lengths=Lengths.CHUNK_MULTIPLE, square_scores=True,
                                   square_matrices=3, chunks_at_once=True,  # measured 0.75 + 2.25 L/chunk
+                                  # kv, the list of running states and their stack: measured 3.1-3.4 per chunk
+                                  chunk_states=4, chunk_pairs=0,
                                   notes="chunk_recurrent_forward; L must be a multiple of chunk_size; " + _NOTES),
         convention=TORCHSCALE_CONVENTION,
         description="torchscale MultiScaleRetention.chunk_recurrent_forward + group norm",

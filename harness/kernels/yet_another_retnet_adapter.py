@@ -158,6 +158,7 @@ KERNELS: list[KernelSpec] = [
         family=Family.RETENTION,
         load=_load_chunkwise,
         capabilities=Capabilities(autograd=True, chunk_sizes=(), square_scores=True,
+                                  chunk_states=0, chunk_pairs=0,  # one state carried from chunk to chunk
                                   notes="retention_chunkwise once per chunk (the last may be partial); " + _NOTES),
         convention=YAR_CONVENTION,
         description="yet_another_retnet.retention.retention_chunkwise, chunk by chunk",
