@@ -74,15 +74,18 @@ def reference_traces(problem: Problem, inputs: dict[str, torch.Tensor],
 def chunk_term_at(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
                   traces_of: Callable[..., dict[str, Any]] = reference_traces) -> dict[str, Any]:
     """The oracle's traces of ``problem`` for ``spec``: its chunk term charged at the rounding of the dtype the
-    kernel forms its chunk decays in (`Capabilities.chunk_precision`) when that is finer than the case's.
+    kernel forms its chunk decays in (`Capabilities.chunk_precision`) when that is finer than the case's, and
+    over the whole sequence for a kernel whose decays span it (`Capabilities.decays_across_chunks`).
 
     The traces carry their chunk term apart (`Trace.chunk_growth`), so it is scaled by
     ``u(chunk dtype) / u(precision)`` without another oracle run; ``traces_of`` is the run's oracle cache where
     there is one."""
+    caps = spec.capabilities
+    if problem.chunk_size is not None and problem.definition.chunk_term and caps.decays_across_chunks:
+        problem = problem.replace(chunk_size=max(1, problem.length))  # its cumulative sums span the sequence
     traces = traces_of(problem, inputs, spec.convention)
     if problem.chunk_size is None or not problem.definition.chunk_term:
         return traces
-    caps = spec.capabilities
     scale = dtypes.unit_roundoff(caps.chunk_precision(problem.dtype)) / dtypes.unit_roundoff(caps.precision(problem.dtype))
     if not scale < 1.0:
         return traces

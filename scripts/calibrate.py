@@ -146,7 +146,11 @@ def _fit(problem, spec):
     if caps.lengths is Lengths.CHUNK_MULTIPLE:
         length = max(chunk, length // chunk * chunk)
     if caps.max_length is not None and length > caps.max_length:
-        length = caps.max_length if caps.lengths is not Lengths.CHUNK_MULTIPLE else caps.max_length // chunk * chunk
+        if caps.lengths is Lengths.CHUNK_MULTIPLE:  # a chunk past the longest length is one chunk of it
+            chunk = min(chunk, caps.max_length)
+            length = caps.max_length // chunk * chunk
+        else:
+            length = caps.max_length
     if caps.lengths is Lengths.POW2:
         length = 1 << (length.bit_length() - 1)
     length = max(length, caps.min_length)

@@ -10,10 +10,13 @@ bound on every one (cond 0.02 to 0.19).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness.api import user_kernel_spec
 from harness.kernels import registry
+from harness.kernels.contract import KernelSpec
 from harness.problems import Problem
 from harness.runner import CHUNK_COUNTERFACTUAL, RunOptions, run_case
 
@@ -83,10 +86,6 @@ def _float32_inside(q, k, v, g, scale=None, initial_state=None, output_final_sta
 
 
 def _declared(name: str, fn, float32_decays: bool):
-    import dataclasses
-
-    from harness.kernels.contract import KernelSpec
-
     base = registry.get("intree.simple_gla_chunk")
     caps = dataclasses.replace(base.capabilities, chunk_computes_in={"bfloat16": "float32", "float16": "float32"}
                                if float32_decays else {})
@@ -118,3 +117,35 @@ def test_fla_s_chunk_kernels_declare_float32_decays():
         caps = registry.get(name).capabilities
         assert caps.chunk_precision("bfloat16") == caps.chunk_precision("float16") == "float32", name
     assert registry.get("intree.simple_gla_chunk").capabilities.chunk_precision("bfloat16") == "bfloat16"
+
+
+def _whole_sequence_decays(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+                           chunk_size=1):
+    """Correct: takes a chunk size, and forms its decays from cumulative sums over the whole sequence (as
+    mamba-ssm's ``state_passing_ref`` does between chunks): one chunk of L, whatever it is handed."""
+    return _CHUNK(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size=q.shape[1])
+
+
+def test_a_kernel_whose_decays_span_the_sequence_is_charged_the_sequence_s_chunk_term():
+    """mamba-ssm's SSD reference at a chunk of 1 (float32, L = 35, log-decay mass 36) was 11.5 times the float32
+    loop's error, a kernel_bug: its decays between chunks are exp of differences of cumulative sums over
+    every chunk, u times the mass since the start, where the chunk term of a chunk of 1 charges nothing.
+    Declared (`Capabilities.decays_across_chunks`) the term is one chunk of L's; undeclared it is found."""
+    base = registry.get("intree.simple_gla_chunk")
+
+    def spec(declared: bool) -> KernelSpec:
+        caps = dataclasses.replace(base.capabilities, decays_across_chunks=declared)
+        return KernelSpec(name="t.whole_sequence", family=base.family, load=lambda: _whole_sequence_decays,
+                          capabilities=caps)
+
+    options = RunOptions(timeout_s=None, check_determinism=False, precision_counterfactual=False)
+    judged = []
+    for seed in range(4):
+        p = _problem("float32", seed=seed, length=130, chunk_size=1)
+        undeclared, declared = run_case(spec(False), p, options), run_case(spec(True), p, options)
+        assert declared["verdict"] == "equivalent", declared["why"]
+        judged.append(undeclared["verdict"])
+    assert "divergent" in judged, judged
+    wrong = KernelSpec(name="t.stale", family=base.family, capabilities=spec(True).capabilities,
+                       load=lambda: lambda q, k, v, g, *args, **kw: _whole_sequence_decays(q, k, v, g * 1.01, *args, **kw))
+    assert run_case(wrong, _problem("float32", length=130, chunk_size=1), options)["verdict"] == "divergent"

@@ -610,6 +610,8 @@ def test_mamba_ssm_triton_kernel_imports_without_the_package_init(tmp_path: Path
     (pkg / "ops" / "selective_scan_interface.py").write_text("import selective_scan_cuda\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(mamba_ssm_adapter, "require_cuda", lambda: None)
+    for name in [name for name in sys.modules if name.startswith("mamba_ssm")]:  # a real one imported earlier
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ImportError):
         importlib.import_module("mamba_ssm.ops.triton.selective_state_update")
     module = mamba_ssm_adapter._import("mamba_ssm.ops.triton.selective_state_update")

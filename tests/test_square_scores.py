@@ -363,3 +363,15 @@ def test_every_chunk_kernel_holds_no_more_per_chunk_than_it_declares():
         held = r["peak"] / 8
         assert held <= declared, f"{r['name']}: {held / (9 * length * d * d):.2f} states per chunk held; " \
                                  f"{caps.chunk_states} declared ({held:.3g} > {declared:.3g} elements)"
+
+
+def test_a_chunk_past_a_kernel_s_longest_length_is_fitted_to_it(calibrate):
+    """The nightly calibration handed mamba-ssm's ``ssd_minimal_discrete`` (lengths a multiple of the chunk, at
+    most 4,096) a chunk of 6,688 at L = 1: its own assertion failed, a kernel_error of the harness's making.
+    The chunk is now cut to the longest length first."""
+    spec = registry.get("mamba_ssm.ssd_minimal_discrete")
+    drawn = Problem(family="ssd", length=20000, dtype="float32", batch=1, heads=2, groups=1, dv=4, state=4,
+                    chunk_size=6688, seed=0)
+    fitted = calibrate._fit(drawn, spec)
+    assert fitted.chunk_size <= fitted.length <= spec.capabilities.max_length
+    assert fitted.length % fitted.chunk_size == 0

@@ -149,6 +149,12 @@ class Capabilities:
     #: steps left no guaranteed digit in 40-80% of a nightly search's cases (precision_exhausted), where the
     #: kernel loses none. A kernel that declares it and forms them in the input dtype is divergent.
     chunk_computes_in: dict[str, str] = field(default_factory=dict)
+    #: Chunk kernels whose decays between chunks are exponents of differences of cumulative sums over the
+    #: whole sequence, not a product of per-chunk factors (mamba-ssm's ``state_passing_ref``: ``exp(cumsum_t -
+    #: cumsum_s)`` over every pair of chunks): each carries ``u`` times the log-decay mass since the sequence's
+    #: start, so the chunk term is charged as for one chunk of the whole length. Found at a chunk of 1 in
+    #: float32 (L = 35, mass 36): 11.5 times the float32 loop's error, called a kernel_bug.
+    decays_across_chunks: bool = False
     #: retention_normed: the norm eps values at which the kernel is the oracle's function (None: any).
     #: A kernel that rescales rows before its norm agrees with the plain normed retention only at
     #: eps = 0; the suite then draws eps = 0, and sweeps show the eps effect separately.

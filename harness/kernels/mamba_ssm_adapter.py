@@ -364,6 +364,7 @@ KERNELS: list[KernelSpec] = [
             unsupported={"float64": "the reference casts dt to float32 (dt.float()) before its cumulative sums"},
             matmuls=True,
             square_scores=True,  # chunk_scan_ref: (chunk x chunk) scores per head
+            decays_across_chunks=True,  # state_passing_ref: exp of differences of cumsums over every chunk
             notes="mamba-ssm's pure-PyTorch SSD reference (chunk_state_ref, state_passing_ref, chunk_scan_ref); "
                   "takes no initial states, seq_idx or final states; lengths a multiple of the chunk (chunk_scan_ref "
                   "asserts it)",
