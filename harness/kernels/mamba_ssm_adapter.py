@@ -365,6 +365,8 @@ KERNELS: list[KernelSpec] = [
             matmuls=True,
             square_scores=True,  # chunk_scan_ref: (chunk x chunk) scores per head
             decays_across_chunks=True,  # state_passing_ref: exp of differences of cumsums over every chunk
+            # dt.float() "before cumsum": its cumulative log-decays and their exps are float32 for half inputs
+            chunk_computes_in={"float16": "float32", "bfloat16": "float32"},
             notes="mamba-ssm's pure-PyTorch SSD reference (chunk_state_ref, state_passing_ref, chunk_scan_ref); "
                   "takes no initial states, seq_idx or final states; lengths a multiple of the chunk (chunk_scan_ref "
                   "asserts it)",
