@@ -281,7 +281,7 @@ def device_present(device: str) -> bool:
 def runnable(spec: KernelSpec, problem: Problem) -> bool:
     """Whether ``problem`` lies inside ``spec``'s declared capabilities."""
     caps = spec.capabilities
-    if caps.runs(problem.dtype, problem.device) is not None:
+    if caps.runs(problem.dtype, problem.device) is not None or problem.regime in caps.skip_regimes:
         return False
     if not caps.accepts_length(problem.length, problem.chunk_size):
         return False

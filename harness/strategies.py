@@ -123,9 +123,10 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
     if not ok_dtypes:
         raise InvalidArgument(f"kernel {spec.name!r} runs none of dtypes={dtypes or caps.dtypes!r} on {device!r}")
     applies = families.get(fam).regimes
-    ok_regimes = [r for r in (regimes or applies) if r in applies]
+    ok_regimes = [r for r in (regimes or applies) if r in applies and r not in caps.skip_regimes]
     if not ok_regimes:
-        raise InvalidArgument(f"regimes={regimes!r} has none that applies to family {fam.value}")
+        raise InvalidArgument(f"regimes={regimes!r} has none that applies to family {fam.value} and kernel "
+                              f"{spec.name!r} (it skips {sorted(caps.skip_regimes)})")
     top = max_length or lim.max_length
     if caps.max_length is not None:
         top = min(top, caps.max_length)

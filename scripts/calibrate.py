@@ -231,9 +231,10 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                     break
                 for i, dtype, family in batch:
                     regimes = REGIMES[family]
-                    fam_kernels = [(s, b) for s, b in correct + planted if s.family is family
-                                   and s.capabilities.runs(dtype, "cpu") is None]
                     regime = regimes[i % len(regimes)]
+                    fam_kernels = [(s, b) for s, b in correct + planted if s.family is family
+                                   and s.capabilities.runs(dtype, "cpu") is None
+                                   and regime not in s.capabilities.skip_regimes]
                     base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile,
                                         max_length=max_length)
                     position += 1

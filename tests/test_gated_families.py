@@ -43,7 +43,9 @@ def test_regimes_give_log_decays_of_their_strength(family):
         x = _problem(family, regime=regime, length=64).float64_inputs()
         if family == "ssd":
             step = torch.nn.functional.softplus(x["dt"]) if _problem(family, regime=regime).delta_softplus else x["dt"]
-            g = step * x["A"]
+            if regime == "negative_steps":  # a quarter of them, clamped to 0 by the kernels' dt_limit
+                assert 0.1 < float((step < 0).double().mean()) < 0.4
+            g = step.clamp(min=0.0) * x["A"]
         else:
             g = x["g"]
         assert bool((g <= 0).all()), regime
@@ -174,3 +176,34 @@ def test_a_sweep_runs_a_kernel_only_at_the_chunk_sizes_it_declares():
     assert runnable(fixed, _problem("simple_gla", length=70, chunk_size=64))
     assert not runnable(fixed, _problem("simple_gla", length=70, chunk_size=16))
     assert runnable(spec, _problem("simple_gla", length=70, chunk_size=16))
+
+
+def test_a_kernel_that_takes_negative_steps_as_given_is_not_drawn_them():
+    """mamba-ssm's PyTorch SSD references take a negative step as given, where its kernels clamp it to 0: they
+    skip the ``negative_steps`` regime (`Capabilities.skip_regimes`); the in-tree forms, which clamp, are
+    drawn it. A planted kernel without the clamp is found there (tests/planted/bugs.py)."""
+    from hypothesis import given, settings
+
+    from harness.cases import runnable
+    from harness.kernels import registry
+    from harness.strategies import problems
+
+    def regimes(name: str) -> set[str]:
+        seen: set[str] = set()
+
+        @settings(max_examples=60, derandomize=True, database=None, deadline=None)
+        @given(problems(registry.get(name), profile="dev", explicit=False, dtypes=("float32",)))
+        def collect(problem):
+            seen.add(problem.regime)
+
+        collect()
+        return seen
+
+    skipping = registry.get("mamba_ssm.ssd_minimal_discrete")
+    assert "negative_steps" in skipping.capabilities.skip_regimes
+    assert "negative_steps" in regimes("intree.ssd_chunk")
+    assert "negative_steps" not in regimes("mamba_ssm.ssd_minimal_discrete")
+    case = _problem("ssd", regime="negative_steps", chunk_size=4, length=12)
+    assert runnable(registry.get("intree.ssd_chunk"), case) and not runnable(skipping, case)
+    with pytest.raises(InvalidArgument, match="softplus makes every step positive"):
+        _problem("ssd", regime="negative_steps", delta_softplus=True)

@@ -22,6 +22,11 @@ Regimes (the log-decay of a step is ``dt' A``, dt' the step after bias and softp
 - ``large`` / ``tiny``: ``trained`` with x, B, C near the dtype's limits (max**(1/4), tiny**(1/4));
 - ``uniform_decay``: A = decay_floor (-20 when None) and dt' = U(0, 1): log-decays uniform in
   [decay_floor, 0], the knob of the ``gated_decay`` sweep.
+- ``negative_steps``: ``trained`` without softplus, a quarter of the steps dt' negative: mamba-ssm's
+  kernels clamp dt' to ``dt_limit``, (0, inf) by default, so those steps neither decay the state nor add
+  to it (the oracle does the same). A kernel that takes a negative step as given (mamba-ssm's PyTorch
+  references, the Mamba-2 paper's Listing 1) declares ``Capabilities.skip_regimes`` and is not drawn it;
+  one that clamps in the wrong place is found here, and nowhere else.
 
 Without softplus the bias is taken out of dt so that dt + dt_bias is the regime's positive step (as
 for the selective scan); with softplus dt is the pre-activation ``log(expm1(dt'))`` plus noise.
@@ -55,7 +60,8 @@ class SSD(StatefulFamily):
     option_keywords = ("D", "z", "dt_bias", "dt_softplus")
     chunk_positional = True
     state_keywords = ("initial_states", "return_final_states")
-    regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay")
+    regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay",
+               "negative_steps")
     grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
     length_axis = 1
     per_step_inputs = ("x", "dt", "B", "C", "z")
@@ -68,6 +74,9 @@ class SSD(StatefulFamily):
             raise InvalidArgument(f"scale={p.scale!r} does not apply to family ssd (its signature has none); "
                                   "leave it at None")
         check_decay_floor(p)
+        if p.regime == "negative_steps" and p.delta_softplus:
+            raise InvalidArgument("regime='negative_steps' with delta_softplus=True: softplus makes every step "
+                                  "positive; draw the regime without it")
         if p.groups < 1 or p.heads % p.groups:
             raise InvalidArgument(f"groups={p.groups!r} must be a positive divisor of heads={p.heads} for ssd "
                                   f"(B and C are (batch, T, groups, N))")
@@ -119,6 +128,8 @@ class SSD(StatefulFamily):
                 dt = torch.where((dt > 20.0) & (dt < SOFTPLUS_CONVENTIONS_AGREE), dt + SOFTPLUS_SHIFT, dt)
         else:
             dt = step * torch.exp(0.5 * randn((b, L, H), gen))
+            if p.regime == "negative_steps":  # clamped to 0 by the kernels' dt_limit (module docstring)
+                dt = torch.where(uniform((b, L, H), gen, 0.0, 1.0) < 0.25, -dt, dt)
         out = {"x": randn(shapes["x"], gen) * s, "dt": dt, "A": A,
                "B": randn(shapes["B"], gen) * s, "C": randn(shapes["C"], gen) * s}
         if p.has_D:  # D x is an output term like C h (~ s**3)
@@ -185,7 +196,7 @@ class SSD(StatefulFamily):
         if name == "dt":
             if p.regime == "large_dt":
                 return (20.0, 60.0)
-            return (-2.0, 2.0) if p.delta_softplus else (0.0, 1.0)
+            return (-2.0, 2.0) if p.delta_softplus else (-1.0, 1.0) if p.regime == "negative_steps" else (0.0, 1.0)
         if name == "A":
             return (decay_floor(p), 0.0) if p.regime == "uniform_decay" else (-16.0, 0.0)
         if name == "dt_bias":
@@ -209,6 +220,8 @@ class SSD(StatefulFamily):
                 fields[flag] = draw(st.booleans())
         if regime == "large_dt" and caps.selective_options:  # softplus only where the kernel takes the flag
             fields["delta_softplus"] = True
+        if regime == "negative_steps":  # softplus would make every step positive
+            fields["delta_softplus"] = False
         fields.update(draw_state_options(draw, caps, common))
         fields.pop("batch", None)  # seq_idx is per row: a packed batch keeps its rows
         return fields

@@ -136,6 +136,10 @@ class Capabilities:
     max_state: int | None = None  # selective_scan: largest N; retention: largest dk/dv
     head_dims: tuple[int, ...] | None = None  # retention: allowed dk/dv values (None: any)
     unsupported: dict[str, str] = field(default_factory=dict)
+    #: Input regimes the kernel is not defined on, with the reason; the strategies, sweeps and calibration do
+    #: not draw them for it (mamba-ssm's PyTorch SSD references take a negative step as given, where its
+    #: kernels clamp it to 0: ``{"negative_steps": ...}``).
+    skip_regimes: dict[str, str] = field(default_factory=dict)
     slow: bool = False  # run by an interpreter (Triton on the CPU): the suite draws fewer, shorter cases
     #: Declared internal precision: input dtype -> the dtype the kernel really computes in (e.g.
     #: ``{"float64": "float32"}`` for a kernel whose norm or state is float32 whatever the input). The

@@ -74,6 +74,10 @@ from harness.kernels.contract import (
     require_module,
 )
 
+_TAKES_NEGATIVE_STEPS = {"negative_steps": "a negative step is used as given (no dt_limit clamp), where "
+                                            "mamba_chunk_scan_combined clamps it to 0"}
+
+
 __all__ = ["KERNELS", "state_update_scan"]
 
 PACKAGE = "mamba-ssm"
@@ -365,6 +369,7 @@ KERNELS: list[KernelSpec] = [
             matmuls=True,
             square_scores=True,  # chunk_scan_ref: (chunk x chunk) scores per head
             decays_across_chunks=True,  # state_passing_ref: exp of differences of cumsums over every chunk
+            skip_regimes=_TAKES_NEGATIVE_STEPS,  # dt.float() + bias, softplus when asked, and no clamp
             # dt.float() "before cumsum": its cumulative log-decays and their exps are float32 for half inputs
             chunk_computes_in={"float16": "float32", "bfloat16": "float32"},
             notes="mamba-ssm's pure-PyTorch SSD reference (chunk_state_ref, state_passing_ref, chunk_scan_ref); "
@@ -386,6 +391,7 @@ KERNELS: list[KernelSpec] = [
             lengths=Lengths.CHUNK_MULTIPLE,
             autograd=True,
             selective_options=False,
+            skip_regimes=_TAKES_NEGATIVE_STEPS,
             matmuls=True,
             square_scores=True,  # (chunk x chunk) decays per head within chunks
             max_length=4096,  # and (chunks x chunks) between them: chunk 1 at L = 32,768 is 32k x 32k

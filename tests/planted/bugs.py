@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from harness.kernels import gated_forms as gf
 from harness.kernels import retnet_forms as rf
 from harness.kernels.blelloch import _expand_bc, blelloch_linear_scan
 from harness.kernels.contract import Capabilities, Family, KernelSpec
@@ -417,6 +418,24 @@ def normed_chunkwise_cross_decay_off_by_one(q, k, v, eps, chunk_size):
     return rf.rms_group_norm(_chunkwise(q, k, v, chunk_size, from_state_offset=0), eps)
 
 
+# =================================================================================================== ssd
+def ssd_negative_step_not_clamped(x, dt, A, B, C, chunk_size=gf.DEFAULT_CHUNK, D=None, z=None, dt_bias=None,
+                                  dt_softplus=False, initial_states=None, return_final_states=False):
+    """Mamba-2 SSD that takes ``dt + dt_bias`` as given, where mamba-ssm clamps it to ``dt_limit``, (0, inf)
+    by default: a negative step grows the state by ``exp(-|dt'| A)`` and subtracts its input, where a
+    clamped one leaves the state as it is. Right wherever every step is positive (the helpers' SSD kernel
+    written from the paper; the ci draws had no negative step until the ``negative_steps`` regime)."""
+    step = dt if dt_bias is None else dt + dt_bias
+    if dt_softplus:
+        step = F.softplus(step, beta=1.0, threshold=20.0)
+
+    def unclamped(q, k, v, g, scale, h0, chunk):  # `gated_forms._ssd` hands the clamped step's g and v
+        return gf.chunk_form(q, k, step[..., None] * x, (step * A)[..., None], scale, h0, chunk)
+
+    return gf._ssd(unclamped, x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_states, None,
+                   return_final_states)
+
+
 # ============================================================================================ the registry
 
 
@@ -535,6 +554,14 @@ PLANTED: list[PlantedBug] = [
                normed_chunkwise_cross_decay_off_by_one,
                "chunkwise cross-chunk decay off by one, then the norm",
                exposed_by="L > chunk_size", capabilities=_CHUNKED, exposes=lambda p: p.length > p.chunk_size),
+    # -- ssd
+    PlantedBug("ssd_negative_step_not_clamped", Family.SSD, ssd_negative_step_not_clamped,
+               "dt + dt_bias taken as given where mamba-ssm clamps it at 0", exposed_by="a negative step",
+               capabilities=Capabilities(chunk_sizes=(), initial_state=True, final_state=True, varlen=False,
+                                         matmuls=True),
+               exposes=lambda p: p.regime == "negative_steps",
+               witness=Problem(family="ssd", regime="negative_steps", length=9, dtype="float64", batch=1, heads=1,
+                               groups=1, dv=2, state=3, chunk_size=4, seed=1)),
 ]
 
 
