@@ -146,8 +146,11 @@ def test_a_kernel_whose_decays_span_the_sequence_is_charged_the_sequence_s_chunk
         assert declared["verdict"] == "equivalent", declared["why"]
         judged.append(undeclared["verdict"])
     assert "divergent" in judged, judged
+    def decays_off(q, k, v, g, *args, **kw):  # wrong: every log-decay 1% too strong
+        return _whole_sequence_decays(q, k, v, g * 1.01, *args, **kw)
+
     wrong = KernelSpec(name="t.stale", family=base.family, capabilities=spec(True).capabilities,
-                       load=lambda: lambda q, k, v, g, *args, **kw: _whole_sequence_decays(q, k, v, g * 1.01, *args, **kw))
+                       load=lambda: decays_off)
     assert run_case(wrong, _problem("float32", length=130, chunk_size=1), options)["verdict"] == "divergent"
 
 

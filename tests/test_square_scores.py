@@ -220,7 +220,8 @@ def test_a_kernel_holding_every_chunk_s_state_gets_no_small_chunk_at_a_long_leng
     assert calibrate._fit(killed, registry.get("intree.retention_chunkwise")) == killed  # it now streams
     user = KernelSpec(name="user.chunkwise", family=killed.family, load=lambda: None, capabilities=default)
     assert calibrate._fit(killed, user).chunk_size == smallest
-    torchscale = calibrate._fit(killed.replace(family="retention_normed", eps=0.0), registry.get("torchscale.chunkwise"))
+    normed = killed.replace(family="retention_normed", eps=0.0)
+    torchscale = calibrate._fit(normed, registry.get("torchscale.chunkwise"))
     assert torchscale.chunk_size == 1 and torchscale.length < 27255
     assert 8 * registry.get("torchscale.chunkwise").capabilities.held_elements(9, torchscale.length, 1, elements) \
         <= SQUARE_SCORES_BYTES
@@ -375,3 +376,13 @@ def test_a_chunk_past_a_kernel_s_longest_length_is_fitted_to_it(calibrate):
     fitted = calibrate._fit(drawn, spec)
     assert fitted.chunk_size <= fitted.length <= spec.capabilities.max_length
     assert fitted.length % fitted.chunk_size == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [("square_matrices", 0), ("chunk_states", -3), ("chunk_pairs", 1.5),
+                                              ("chunk_states", True), ("skip_regimes", {"negative_steps": 1})])
+def test_a_memory_count_that_would_let_every_draw_fit_is_refused_where_it_is_declared(field, value):
+    from harness.errors import InvalidArgument
+    from harness.kernels.contract import Capabilities
+
+    with pytest.raises(InvalidArgument, match=f"Capabilities\\({field}="):
+        Capabilities(chunk_sizes=(), **{field: value})

@@ -202,6 +202,28 @@ class Capabilities:
     chunk_pairs: int = CHUNK_PAIRS
     notes: str = ""
 
+    def __post_init__(self) -> None:
+        """The dtypes, memory counts and skipped regimes a kernel declares, checked where they are declared: an
+        unknown dtype would fail every search as a usage error, a negative count would let every draw fit."""
+        if isinstance(self.dtypes, (list, tuple)) and all(isinstance(d, str) for d in self.dtypes):
+            object.__setattr__(self, "dtypes", tuple(self.dtypes))
+            bad = [d for d in self.dtypes if d not in ALL_DTYPES]
+        else:
+            bad = self.dtypes
+        if bad or not self.dtypes:
+            what = f"{bad!r} not known" if bad else "none given"
+            raise InvalidArgument(f"Capabilities(dtypes={self.dtypes!r}): {what}; expected a tuple of names from "
+                                  f"{list(ALL_DTYPES)}")
+        for name, least in (("square_matrices", 1), ("chunk_states", 0), ("chunk_pairs", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise InvalidArgument(f"Capabilities({name}={value!r}): expected an int >= {least} (how many such "
+                                      f"matrices the kernel holds at its peak)")
+        if not isinstance(self.skip_regimes, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.skip_regimes.items()):
+            raise InvalidArgument(f"Capabilities(skip_regimes={self.skip_regimes!r}): expected a dict of regime name "
+                                  "-> the reason the kernel is not defined on it")
+
     def largest_square(self, rows: int, length: int | None = None) -> int | None:
         """The largest n (chunk or length, see `square_scores`) to draw for ``rows`` batch rows x heads
         (and, for a kernel that holds all its chunks at once, a sequence of ``length``); None when the
@@ -217,7 +239,9 @@ class Capabilities:
         (`chunk_states`) and its (chunks x chunks) matrices (`chunk_pairs`). The strategies keep it within
         `SQUARE_SCORES_BYTES`."""
         n = -(-length // max(1, chunk))
-        square = self.square_matrices * chunk * (n * chunk if self.chunks_at_once else chunk) if self.square_scores else 0
+        square = 0
+        if self.square_scores:
+            square = self.square_matrices * chunk * (n * chunk if self.chunks_at_once else chunk)
         return max(1, rows) * square + self._per_chunk_elements(rows, n, state_elements)
 
     def _per_chunk_elements(self, rows: int, chunks: int, state_elements: int) -> int:
