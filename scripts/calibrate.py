@@ -169,9 +169,10 @@ def _fit(problem, spec):
 
 
 # ------------------------------------------------------------------------------------------- running
-def kernels(third_party: bool = False, planted_bugs: bool = True):
+def kernels(third_party: bool = False, planted_bugs: bool = True, interpreted: bool = False):
     """The correct kernels (in-tree; with ``third_party`` also every available third-party adapter that
-    is not an interpreted Triton kernel) and the planted bugs."""
+    is not an interpreted Triton kernel; with ``interpreted`` those alone, `Capabilities.slow`) and the
+    planted bugs."""
     from harness.kernels import registry
     from harness.kernels.gated_forms import DIVERGENT_BY_DESIGN
     from tests.planted.bugs import PLANTED as SCAN_AND_RETENTION
@@ -181,9 +182,13 @@ def kernels(third_party: bool = False, planted_bugs: bool = True):
     # chunk of strong decay in float32), and the table counts a case they call exposing as a miss
     PLANTED = [*SCAN_AND_RETENTION, *TILING_PLANTED]
 
+    def taken(spec) -> bool:
+        if interpreted:
+            return spec.capabilities.slow and spec.source not in ("intree", "user")
+        return spec.source == "intree" or (third_party and spec.source != "user" and not spec.capabilities.slow)
+
     correct = [(spec, None) for spec in registry.all_kernels() if spec.name not in DIVERGENT_BY_DESIGN
-               and (spec.source == "intree" or (third_party and spec.source != "user" and not spec.capabilities.slow))
-               and spec.unavailable_reason() is None]
+               and taken(spec) and spec.unavailable_reason() is None]
     planted = [(bug.spec, bug) for bug in PLANTED] if planted_bugs else []
     return correct, planted
 
@@ -191,13 +196,15 @@ def kernels(third_party: bool = False, planted_bugs: bool = True):
 def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_path: Path | None,
         progress: bool, *, third_party: bool = False, planted_bugs: bool = True, max_seconds: float | None = None,
         families: tuple[str, ...] | None = None, max_length: int | None = None, shard=None,
-        max_workers: int | None = None, timeout_s: float | None = None, grad: bool = False) -> list[dict]:
+        max_workers: int | None = None, timeout_s: float | None = None, grad: bool = False,
+        interpreted: bool = False) -> list[dict]:
     """Run ``cases`` problems per (dtype, family). Without a time limit the problems are drawn dtype by
     dtype and family by family (the order of the committed tables, so a rerun with the same seed draws
     the same problems); with one (``max_seconds``, checked between problems) round-robin over both, so
     that every (dtype, family) gets its share. ``shard`` (`harness.shard.Shard`): every problem is drawn,
     so the draws are the unsharded run's, and this job runs every N-th from the K-th (`--from-records`
-    joins the jobs' records into the unsharded run's tables)."""
+    joins the jobs' records into the unsharded run's tables). ``interpreted``: the interpreted Triton
+    kernels alone (`kernels`), at the profile's lengths for them (``slow_max_length``) unless ``max_length``."""
     from harness.gradients import gradient_case, gradients_checked
     from harness.kernels.contract import Family
     from harness.problems import REGIMES
@@ -206,8 +213,12 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
     from harness.runner import RunOptions, run_case
     from harness.store import dumps
 
+    from harness.settings import limits
+
     rng = random.Random(seed)
-    correct, planted = kernels(third_party, planted_bugs)
+    correct, planted = kernels(third_party, planted_bugs, interpreted)
+    if interpreted:
+        max_length = max_length or limits(profile).slow_max_length
     # every problem cycles through its family's kernels: one live worker each (41% of a nightly run's
     # time went to restarting them, with the default limit)
     kept = isolation.workers_kept(len(correct) + len(planted), limit=max_workers)
@@ -568,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grad", action="store_true",
                         help="also check the gradients of every equivalent case of an autograd kernel (as `harness "
                              "check` does), each input's gradient a row of its own (kernel NAME:grad[INPUT])")
+    parser.add_argument("--interpreted", action="store_true",
+                        help="the third-party kernels run by the Triton interpreter on this CPU, alone (fla's, "
+                             "mamba-ssm's, accelerated-scan's), at the profile's lengths for them; no planted bugs")
     parser.add_argument("--from-records", nargs="+", default=None, metavar="FILE",
                         help="build the tables from these --records files (the jobs of a sharded run) instead of "
                              "running; give the run's own --cases, --profile and --dtypes")
@@ -588,9 +602,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in load_rows(args.from_records) if r["dtype"] in dtypes]
     else:
         rows = run(args.cases, args.seed, args.profile, dtypes, Path(args.records) if args.records else None,
-                   progress=not args.quiet, third_party=args.third_party, planted_bugs=not args.no_planted,
+                   progress=not args.quiet, third_party=args.third_party, planted_bugs=not (args.no_planted or args.interpreted),
                    max_seconds=args.max_seconds, families=families, max_length=args.max_length, shard=shard,
-                   max_workers=args.max_workers, timeout_s=args.timeout, grad=args.grad)
+                   max_workers=args.max_workers, timeout_s=args.timeout, grad=args.grad,
+                   interpreted=args.interpreted)
     given = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--records", "--out"):  # where this run wrote things is not part of what it measured
         if flag in given:

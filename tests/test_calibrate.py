@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import importlib.util
 import sys
 from pathlib import Path
@@ -165,3 +166,24 @@ def test_with_grad_a_wrong_backward_of_a_correct_forward_is_a_false_alarm_and_th
     assert per_dtype[0]["false alarms"].startswith(f"{len(alarms)} ")
     without = calibrate.run(2, 3, "ci", ("float64",), None, False, families=("linear_scan",), planted_bugs=False)
     assert not [r for r in without if r["verdict"] in calibrate.FAILING]  # forwards only: the wrong backward unseen
+
+
+def test_the_interpreted_kernels_are_calibrated_alone_at_their_lengths(calibrate, tmp_path):
+    """`--interpreted`: the third-party Triton kernels this CPU runs through the interpreter (left out of the
+    nightly calibration, 1000 times slower), alone and at the profile's lengths for them."""
+    from harness.settings import LIMITS
+
+    correct, planted = calibrate.kernels(interpreted=True, planted_bugs=False)
+    assert correct and not planted and all(spec.capabilities.slow for spec, _ in correct)
+    names = {spec.name for spec, _ in correct}
+    usual, _ = calibrate.kernels(third_party=True, planted_bugs=False)
+    assert not names & {spec.name for spec, _ in usual}
+    if "accelerated_scan.scalar" not in names:
+        pytest.skip("accelerated-scan's Triton kernel is not available here")
+    records = tmp_path / "r.jsonl"
+    assert calibrate.main(["--interpreted", "--cases", "1", "--families", "linear_scan", "--dtypes", "float32",
+                           "--profile", "ci", "--records", str(records), "--out", str(tmp_path / "c.md"),
+                           "--quiet"]) == 0
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert {r["kernel"] for r in rows} == {"accelerated_scan.scalar"}
+    assert len(rows) == 1 and rows[0]["length"] <= LIMITS["ci"].slow_max_length
