@@ -445,7 +445,9 @@ def format_failure(
         lines = ["The kernel's final state diverges from the float64 oracle's (the numbers below are the final "
                  "state's, shape (sequence, head, k, v); its output is not what fails)."]
     if rec is not None and not rec.problem and rec.n_elements and judgement.verdict is not Verdict.KERNEL_ERROR:
-        case = f"dtype {rec.dtype}" + (" (tf32)" if rec.tf32 else "") + f", shape {tuple(rec.shape)}, L={rec.length}"
+        regime = record.get("regime") if isinstance(record, Mapping) else None  # which inputs (harness.problems)
+        case = (f"dtype {rec.dtype}" + (" (tf32)" if rec.tf32 else "") + (f", regime {regime}" if regime else "")
+                + f", shape {tuple(rec.shape)}, L={rec.length}")
         lines.append(f"Case: {case}")
         pct = 100.0 * rec.n_mismatch / rec.n_in_domain if rec.n_in_domain else 0.0
         lines.append(

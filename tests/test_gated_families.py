@@ -207,3 +207,17 @@ def test_a_kernel_that_takes_negative_steps_as_given_is_not_drawn_them():
     assert runnable(registry.get("intree.ssd_chunk"), case) and not runnable(skipping, case)
     with pytest.raises(InvalidArgument, match="softplus makes every step positive"):
         _problem("ssd", regime="negative_steps", delta_softplus=True)
+
+
+def test_a_failure_names_the_regime_of_its_case():
+    """The regime is what a kernel author reads first to know which inputs broke the kernel: a negative step
+    (`negative_steps`) says "clamp" where the shape and the numbers do not."""
+    from harness.runner import RunOptions, run_case
+    from harness.verdict import Judgement, Verdict, format_failure
+    from tests.planted.bugs import by_name
+
+    bug = by_name("ssd_negative_step_not_clamped")
+    record = run_case(bug.spec, bug.witness, RunOptions(timeout_s=None))
+    assert record["verdict"] == "divergent"
+    message = format_failure(record, Judgement(Verdict.DIVERGENT, record["why"], record.get("rule")))
+    assert "Case: dtype float64, regime negative_steps, shape" in message, message
