@@ -141,8 +141,11 @@ def _fit(problem, spec):
         rows, elements = problem.batch * problem.heads, problem.definition.state_elements(problem)
         if caps.lengths is Lengths.CHUNK_MULTIPLE:
             length = min(length, caps.longest_at_chunk(rows, chunk, elements) or length)
-        else:
-            chunk = min(max(chunk, caps.smallest_chunk(rows, length, elements)), square or length + 2)
+        elif chunk < (least := caps.smallest_chunk(rows, length, elements)):  # the smallest that fits
+            if caps.chunk_sizes:
+                chunk = min((c for c in caps.chunk_sizes if c >= least), default=max(caps.chunk_sizes))
+            else:
+                chunk = min(least, square) if square else least
     if caps.lengths is Lengths.CHUNK_MULTIPLE:
         length = max(chunk, length // chunk * chunk)
     if caps.max_length is not None and length > caps.max_length:

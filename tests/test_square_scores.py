@@ -386,3 +386,19 @@ def test_a_memory_count_that_would_let_every_draw_fit_is_refused_where_it_is_dec
 
     with pytest.raises(InvalidArgument, match=f"Capabilities\\({field}="):
         Capabilities(chunk_sizes=(), **{field: value})
+
+
+def test_a_declared_chunk_size_is_kept_at_a_short_length(calibrate):
+    """The interpreted calibration's first kernel_errors: fla's chunk kernels (chunk sizes 16, 32, 64) were
+    handed a chunk of 5 at L = 3 ("chunk_size must be a power of 2"): the fit clamped the declared chunk to the
+    length's. A chunk is only raised to the smallest that fits the memory budget, within the declared sizes."""
+    from harness.kernels.contract import Capabilities
+
+    spec = KernelSpec(name="user.fixed_chunks", family="retention", load=lambda: None,
+                      capabilities=Capabilities(chunk_sizes=(16, 32, 64)))
+    drawn = Problem(family="retention", length=3, dtype="float32", batch=1, heads=2, dk=65, dv=65, chunk_size=5,
+                    seed=0)
+    assert calibrate._fit(drawn, spec).chunk_size == 16
+    long = drawn.replace(length=32768, batch=3, heads=4)  # every chunk's state: 16 is too small, 32 fits
+    assert spec.capabilities.smallest_chunk(12, 32768, 65 * 65) > 16
+    assert calibrate._fit(long, spec).chunk_size == 32
