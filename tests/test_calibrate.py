@@ -150,8 +150,8 @@ def test_with_grad_a_wrong_backward_of_a_correct_forward_is_a_false_alarm_and_th
                        capabilities=Capabilities(dtypes=("float64", "float32"), autograd=True), source="test")
     real = calibrate.kernels
 
-    def with_leaky(third_party=False, planted_bugs=True):
-        correct, planted = real(third_party, planted_bugs)
+    def with_leaky(third_party=False, planted_bugs=True, interpreted=False):
+        correct, planted = real(third_party, planted_bugs, interpreted)
         return [*correct, (leaky, None)], planted
 
     monkeypatch.setattr(calibrate, "kernels", with_leaky)
