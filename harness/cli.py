@@ -183,7 +183,8 @@ def cmd_list(args) -> int:
     for spec in all_kernels(args.family):
         reason = spec.unavailable_reason()
         caps = spec.capabilities
-        unsupported = "; ".join(f"{k}: {v}" for k, v in sorted(caps.unsupported.items()))
+        unsupported = "; ".join([f"{k}: {v}" for k, v in sorted(caps.unsupported.items())]
+                                + [f"regime {k}: {v}" for k, v in sorted(caps.skip_regimes.items())])
         rows.append({"kernel": spec.name, "family": spec.family.value,
                      "available": "yes" if reason is None else f"no: {reason}",
                      "dtypes": ",".join(caps.dtypes), "devices": ",".join(caps.devices),

@@ -221,3 +221,11 @@ def test_a_failure_names_the_regime_of_its_case():
     assert record["verdict"] == "divergent"
     message = format_failure(record, Judgement(Verdict.DIVERGENT, record["why"], record.get("rule")))
     assert "Case: dtype float64, regime negative_steps, shape" in message, message
+
+
+def test_harness_list_says_which_regime_a_kernel_skips_and_why(capsys):
+    from harness.cli import main
+
+    assert main(["list", "--family", "ssd"]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if "mamba_ssm.ssd_minimal_discrete" in row)
+    assert "regime negative_steps: a negative step is used as given" in line
