@@ -27,7 +27,8 @@ NIGHTLY_SQUARE = square_scores_limit(NIGHTLY.max_batch * NIGHTLY.max_heads)
 #: The kernels that form (n x n) matrices per batch row and head, by reading their code.
 SQUARE = ("intree.retention_parallel", "intree.retention_chunkwise", "intree.retention_normed_parallel",
           "intree.retention_normed_chunkwise", "intree.gla_chunk_cumprod", "intree.simple_gla_chunk_cumprod",
-          "torchscale.parallel", "torchscale.chunkwise", "yar.parallel", "yar.chunkwise")
+          "torchscale.parallel", "torchscale.chunkwise", "yar.parallel", "yar.chunkwise",
+          "mamba_ssm.ssd_chunk_scan_combined_ref", "mamba_ssm.ssd_minimal_discrete")
 
 
 def test_the_limit_is_the_largest_square_within_the_budget():
@@ -253,8 +254,10 @@ for name in sys.argv[3:]:
     spec = registry.get(name)
     takes = spec.capabilities.takes_chunk
     normed = spec.family.value == "retention_normed"
-    p = Problem(family=spec.family, length=chunks * n if takes else n, dtype="float64", batch=3, heads=3,
-                dk=16, dv=16, chunk_size=n if takes else None, eps=0.0 if normed else None, seed=0)
+    ssd = dict(groups=1, state=16) if spec.family.value == "ssd" else {}
+    dtype = "float64" if "float64" in spec.capabilities.dtypes else "float32"  # counted in float64 all the same
+    p = Problem(family=spec.family, length=chunks * n if takes else n, dtype=dtype, batch=3, heads=3,
+                dk=16, dv=16, chunk_size=n if takes else None, eps=0.0 if normed else None, seed=0, **ssd)
     args, kwargs = call_args(p, p.make_inputs(), spec)
     fn = spec.callable()
     with torch.no_grad():

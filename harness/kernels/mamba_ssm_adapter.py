@@ -367,7 +367,8 @@ KERNELS: list[KernelSpec] = [
             autograd=True,
             unsupported={"float64": "the reference casts dt to float32 (dt.float()) before its cumulative sums"},
             matmuls=True,
-            square_scores=True,  # chunk_scan_ref: (chunk x chunk) scores per head
+            square_scores=True,  # chunk_scan_ref: (chunk x chunk) scores per head, every chunk's at once
+            square_matrices=3, chunks_at_once=True,  # measured 2.6 per chunk (tests/test_square_scores.py)
             decays_across_chunks=True,  # state_passing_ref: exp of differences of cumsums over every chunk
             skip_regimes=_TAKES_NEGATIVE_STEPS,  # dt.float() + bias, softplus when asked, and no clamp
             # dt.float() "before cumsum": its cumulative log-decays and their exps are float32 for half inputs
@@ -393,7 +394,8 @@ KERNELS: list[KernelSpec] = [
             selective_options=False,
             skip_regimes=_TAKES_NEGATIVE_STEPS,
             matmuls=True,
-            square_scores=True,  # (chunk x chunk) decays per head within chunks
+            square_scores=True,  # (chunk x chunk) decays per head within chunks, every chunk's at once
+            square_matrices=4, chunks_at_once=True,  # measured 3.1 per chunk in float64 (tests/test_square_scores.py)
             max_length=4096,  # and (chunks x chunks) between them: chunk 1 at L = 32,768 is 32k x 32k
             notes="Listing 1 of the Mamba-2 paper (mamba_ssm.modules.ssd_minimal), pure PyTorch in the input dtype; "
                   "takes the discretized X = x dt and A dt (formed by the adapter in the input dtype), B and C per "
