@@ -235,69 +235,7 @@ def test_a_kernel_holding_every_chunk_s_state_gets_no_small_chunk_at_a_long_leng
         assert 8 * default.held_elements(nightly_rows, p.length, p.chunk_size, nightly_elements) <= SQUARE_SCORES_BYTES
 
 
-_MEASURE_SCRIPT = """
-import json, sys, torch
-from harness.kernels import registry
-from harness.problems import Problem
-from harness.runner import call_args
-from harness.kernels import retnet_forms
-
-retnet_forms.INNER_BLOCK_ELEMENTS = 1  # one chunk's scores at a time: the group's own bound is fixed, not n's
-
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-
-n, chunks = int(sys.argv[1]), int(sys.argv[2])
-for name in sys.argv[3:]:
-    spec = registry.get(name)
-    takes = spec.capabilities.takes_chunk
-    normed = spec.family.value == "retention_normed"
-    ssd = dict(groups=1, state=16) if spec.family.value == "ssd" else {}
-    dtype = "float64" if "float64" in spec.capabilities.dtypes else "float32"  # counted in float64 all the same
-    p = Problem(family=spec.family, length=chunks * n if takes else n, dtype=dtype, batch=3, heads=3,
-                dk=16, dv=16, chunk_size=n if takes else None, eps=0.0 if normed else None, seed=0, **ssd)
-    args, kwargs = call_args(p, p.make_inputs(), spec)
-    fn = spec.callable()
-    with torch.no_grad():
-        fn(*args, **kwargs)  # imports and one-time set-up
-    open("/proc/self/clear_refs", "w").write("5")  # the high-water mark starts again here
-    base = status("VmRSS")
-    with torch.no_grad():
-        fn(*args, **kwargs)
-    print(json.dumps({"name": name, "length": p.length, "peak": status("VmHWM") - base}))
-"""
-
-
-def test_every_square_kernel_holds_no_more_than_it_declares():
-    """The memory model the limit rests on, measured: a square kernel's peak past its inputs, at n = 400
-    (chunk forms over four chunks; batch 3 x heads 3, head dims 16, float64), stays within its declared
-    `square_matrices` (n x n) matrices per batch row and head, times L / n with `chunks_at_once`.
-    Measured: 2.1-2.6 for the retention forms, 3.4 for the in-tree cumprod forms, and 8.9 for torchscale's
-    chunkwise form (0.75 + 2.25 per chunk), against the four every kernel was assumed to hold."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    names = [name for name in SQUARE if registry.get(name).unavailable_reason() is None]
-    assert "intree.retention_parallel" in names
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    n, chunks = 400, 4
-    done = subprocess.run([sys.executable, "-c", _MEASURE_SCRIPT, str(n), str(chunks), *names],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [r["name"] for r in rows] == names
-    for r in rows:
-        caps = registry.get(r["name"]).capabilities
-        per_n2 = r["peak"] / (8 * 9 * n * n)
-        declared = caps.square_matrices * (r["length"] / n if caps.chunks_at_once else 1)
-        assert per_n2 <= declared, f"{r['name']}: {per_n2:.2f} (n x n) matrices per row held, {declared} declared"
-
-
-_STATES_SCRIPT = """
+_PEAKS_SCRIPT = """
 import json, sys, torch
 from harness.kernels import registry, retnet_forms
 from harness.problems import Problem
@@ -310,29 +248,65 @@ def status(key):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
 
-length, d = int(sys.argv[1]), int(sys.argv[2])
-for name in sys.argv[3:]:
+length, chunk, d, warm = (int(a) for a in sys.argv[1:5])  # warm: the first call's length (0: the problem's)
+for name in sys.argv[5:]:
     spec = registry.get(name)
-    family = spec.family.value
-    dtype = "float64" if "float64" in spec.capabilities.dtypes else "float32"
-    fields = dict(family=family, dtype=dtype, batch=3, heads=3, dk=d, dv=d, chunk_size=1, seed=0)
+    family, takes = spec.family.value, spec.capabilities.takes_chunk
+    fields = dict(family=family, batch=3, heads=3, dk=d, dv=d, chunk_size=chunk if takes else None, seed=0,
+                  dtype="float64" if "float64" in spec.capabilities.dtypes else "float32")  # counted in float64
     if family == "retention_normed":
         fields["eps"] = 0.0
     if family == "ssd":
         fields.update(groups=1, state=d)
+    p = Problem(length=length if takes else chunk, **fields)
+    first = p.replace(length=warm) if warm else p
     fn = spec.callable()
-    small = Problem(length=8, **fields)  # imports and one-time set-up
-    args, kwargs = call_args(small, small.make_inputs(), spec)
+    args, kwargs = call_args(first, first.make_inputs(), spec)
     with torch.no_grad():
-        fn(*args, **kwargs)
-    p = Problem(length=length, **fields)
+        fn(*args, **kwargs)  # imports and one-time set-up
     args, kwargs = call_args(p, p.make_inputs(), spec)
     open("/proc/self/clear_refs", "w").write("5")  # the high-water mark starts again here
     base = status("VmRSS")
     with torch.no_grad():
         fn(*args, **kwargs)
-    print(json.dumps({"name": name, "peak": status("VmHWM") - base, "itemsize": torch.finfo(p.torch_dtype).bits // 8}))
+    print(json.dumps({"name": name, "length": p.length, "peak": status("VmHWM") - base}))
 """
+
+
+def _peaks(names: list[str], length: int, chunk: int, head_dim: int, warm: int = 0) -> list[dict]:
+    """Each kernel's peak RSS past its inputs (batch 3 x heads 3, float64 where it runs it), in a fresh
+    process, glibc's mmap threshold fixed so that freed blocks are returned and the peak is the kernel's.
+    A first call on ``warm`` positions (0: the problem itself) takes the imports and one-time set-up."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", _PEAKS_SCRIPT, *map(str, (length, chunk, head_dim, warm)), *names],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["name"] for r in rows] == names
+    return rows
+
+
+def test_every_square_kernel_holds_no_more_than_it_declares():
+    """The memory model the limit rests on, measured: a square kernel's peak past its inputs, at n = 400
+    (chunk forms over four chunks; batch 3 x heads 3, head dims 16, float64), stays within its declared
+    `square_matrices` (n x n) matrices per batch row and head, times L / n with `chunks_at_once`.
+    Measured: 2.1-2.6 for the retention forms, 3.4 for the in-tree cumprod forms, and 8.9 for torchscale's
+    chunkwise form (0.75 + 2.25 per chunk), against the four every kernel was assumed to hold."""
+    names = [name for name in SQUARE if registry.get(name).unavailable_reason() is None]
+    assert "intree.retention_parallel" in names
+    n, chunks = 400, 4
+    rows = _peaks(names, chunks * n, n, 16)
+    for r in rows:
+        caps = registry.get(r["name"]).capabilities
+        per_n2 = r["peak"] / (8 * 9 * n * n)
+        declared = caps.square_matrices * (r["length"] / n if caps.chunks_at_once else 1)
+        assert per_n2 <= declared, f"{r['name']}: {per_n2:.2f} (n x n) matrices per row held, {declared} declared"
+
 
 #: Chunk kernels run on the CPU without an interpreter (the Triton kernels' lengths stay in the hundreds).
 CHUNKED = ("intree.retention_chunkwise", "intree.retention_normed_chunkwise", "intree.simple_gla_chunk",
@@ -347,20 +321,10 @@ def test_every_chunk_kernel_holds_no_more_per_chunk_than_it_declares():
     (outputs, scaled and padded copies). Measured: torchscale 3.1 states per chunk (declares 4); the
     in-tree forms and yet-another-retnet's carry one state (declare 0), where the in-tree chunkwise form
     held 3.1 before it formed its states group by group."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     names = [name for name in CHUNKED if registry.get(name).unavailable_reason() is None]
     assert "intree.retention_chunkwise" in names and "torchscale.chunkwise" in names
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
     length, d = 1024, 32
-    done = subprocess.run([sys.executable, "-c", _STATES_SCRIPT, str(length), str(d), *names],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [r["name"] for r in rows] == names
+    rows = _peaks(names, length, 1, d, warm=8)  # warmed on 8 steps: a second call would reuse the heap's blocks
     for r in rows:
         caps = registry.get(r["name"]).capabilities
         declared = caps.held_elements(9, length, 1, d * d) + 9 * 16 * length * d  # float64 elements
