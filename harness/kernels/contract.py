@@ -94,8 +94,9 @@ SQUARE_MATRICES = 4
 CHUNK_STATES = 4
 
 #: The (chunks x chunks) matrices per batch row and head a chunk kernel is assumed to hold when it declares
-#: no count: the decays between every pair of chunks (mamba-ssm's SSD references and the Mamba-2 paper's
-#: Listing 1, which its users copy) measure about 4 in float32.
+#: no count: the decays between every pair of chunks, as mamba-ssm's SSD references and the Mamba-2 paper's
+#: Listing 1 (which its users copy) form them; at a chunk of 1 both stay within the defaults of states and
+#: pairs together (`tests/test_square_scores.py`).
 CHUNK_PAIRS = 4
 
 
