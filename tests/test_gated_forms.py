@@ -326,6 +326,27 @@ def test_a_long_chunk_in_float16_restarts_its_decays_at_each_tile(monkeypatch, c
     assert starts == within
 
 
+def test_a_float16_chunk_that_fits_one_block_restarts_its_decays_where_its_sum_could_overflow(monkeypatch):
+    """The same overflow in a chunk short enough for one block (batch 1 x heads 1: up to 4,096 rows): the
+    nightly calibration's seed 42 had the in-tree SSD chunk form NaN from t = 3,120 (chunk 3,120 of L = 6,241,
+    float16, strong decay) where the exact output is in range. A float16 chunk whose log-decay mass could
+    pass half of float16's max runs in sub-chunks too; a chunk of milder decay is formed whole as before."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 800, 1, 4, generator=g).to(torch.float16) for _ in range(3))
+    strong = (-100.0 * torch.rand(1, 800, 1, 4, generator=g) - 60.0).to(torch.float16)  # mass > 48,000
+    starts = []
+    real = gf.chunk_decays
+    monkeypatch.setattr(gf, "chunk_decays", lambda gc: starts.append(gc.shape[2]) or real(gc))
+    out, state = gf.gla_chunk(q, k, v, strong, chunk_size=800, output_final_state=True)
+    ref, ref_state = gf.gla_recurrent(q, k, v, strong, output_final_state=True)
+    assert torch.isfinite(out).all() and torch.isfinite(state).all()
+    torch.testing.assert_close(out.double(), ref.double(), rtol=2e-3, atol=2e-3)
+    assert starts == [64] * 12 + [32]
+    starts.clear()
+    gf.gla_chunk(q, k, v, strong / 1000, chunk_size=800)  # mass about 80: one chunk, formed whole
+    assert starts == [800]
+
+
 def test_a_chunk_of_the_whole_sequence_stays_within_its_tile(monkeypatch):
     """The work of a long chunk is linear in its length: 4,096 steps in one chunk, tiles of 64, agree with
     the recurrent form in float64 and never form more than one tile of scores."""
