@@ -345,6 +345,10 @@ def test_a_float16_chunk_that_fits_one_block_restarts_its_decays_where_its_sum_c
     starts.clear()
     gf.gla_chunk(q, k, v, strong / 1000, chunk_size=800)  # mass about 80: one chunk, formed whole
     assert starts == [800]
+    starts.clear()
+    # each chunk's mass about 11,000, the sequence's 44,000: judged chunk by chunk, each formed whole
+    out = gf.gla_chunk(q, k, v, strong / 2, chunk_size=200)[0]
+    assert float((strong.float() / 2).abs().sum(1).max()) > 32752 and starts == [200] * 4 and torch.isfinite(out).all()
 
 
 def test_a_chunk_of_the_whole_sequence_stays_within_its_tile(monkeypatch):

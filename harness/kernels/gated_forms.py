@@ -247,15 +247,15 @@ def formed_chunk(chunk_size: int, batch: int, heads: int, kg: int) -> int:
     return chunk_size if chunk_size <= largest else min(largest, TILE_ROWS)
 
 
-def leaves_the_range(g: torch.Tensor, chunk_size: int) -> bool:
-    """Whether a chunk's cumulative log-decay ``cumsum(g)`` in ``g``'s dtype could pass its largest finite
-    value: a bound over the whole sequence's mass ``sum |g|``, taken in float32. Only float16 (max 65,504)
-    can: a chunk of 3,120 steps of strong decay (batch 1 x heads 1, formed whole: it fits one block) went
-    to inf, and the next chunk's differences to ``inf - inf = NaN`` (the nightly calibration, seed 42,
-    L = 6,241), where the exact output is in range."""
-    if g.dtype != torch.float16 or chunk_size <= TILE_ROWS:
+def leaves_the_range(g_chunk: torch.Tensor, step: int) -> bool:
+    """Whether a chunk formed in steps of ``step`` could take its cumulative log-decay ``cumsum(g)`` past its
+    dtype's largest finite value: the chunk's mass ``sum |g|``, in float32, past half of it. Only float16
+    (max 65,504) can: a chunk of 3,120 steps of strong decay (batch 1 x heads 1, formed whole: it fits one
+    block) went to inf, and the next chunk's differences to ``inf - inf = NaN`` (the nightly calibration,
+    seed 42, L = 6,241), where the exact output is in range."""
+    if g_chunk.dtype != torch.float16 or step <= TILE_ROWS:
         return False
-    return float(g.detach().float().abs().sum(dim=1).max()) > torch.finfo(torch.float16).max / 2
+    return float(g_chunk.detach().float().abs().sum(dim=1).max()) > torch.finfo(torch.float16).max / 2
 
 
 def chunk_form(q, k, v, g, scale, h0, chunk_size):
@@ -265,11 +265,11 @@ def chunk_form(q, k, v, g, scale, h0, chunk_size):
     state = _zero_state(q, v, h0)
     o = _output(q, v)
     step = formed_chunk(chunk_size, q.shape[0], q.shape[2], g.shape[-1])
-    if leaves_the_range(g, step):  # sub-chunks restart their sums, as a chunk too long for one block does
-        step = TILE_ROWS
     for c0 in range(0, q.shape[1], chunk_size):
-        part = (x[:, c0:c0 + chunk_size] for x in (q, k, v, g))
-        for t0, t1, qc, kc, vc, G in chunks(*part, scale, step):
+        part = [x[:, c0:c0 + chunk_size] for x in (q, k, v, g)]
+        # a chunk whose sums could overflow restarts them in sub-chunks, as a chunk too long for one block does
+        sub = TILE_ROWS if leaves_the_range(part[3], step) else step
+        for t0, t1, qc, kc, vc, G in chunks(*part, scale, sub):
             o[:, :, c0 + t0:c0 + t1] = chunk_output(qc, kc, vc, G, state)
             state = chunk_state(kc, vc, G, state)
     return o.transpose(1, 2), state
