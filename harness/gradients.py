@@ -29,6 +29,7 @@ every kernel, a user's own included, whose output is differentiable.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -196,6 +197,30 @@ def _gradient_trace(ref: torch.Tensor, n_terms: int, natural: torch.Tensor,
     return Trace(out=ref, magnitude=top, growth=scale, state_peak=zero, decay_peak=zero, norm_peak=norm_peak)
 
 
+#: Headroom of a gradient judged on its own trace (`_adjoint_trace`) over the oracle's bound of the same
+#: computation run forwards: a kernel's backward forms the same sums in another order (the adjoint of its
+#: chunk decomposition, autograd through its parallel form) from intermediates its forward rounded once more.
+#: Set from data (session 19, ci gradient calibration with third-party kernels, `--grad --seed 5`): at 1 the
+#: correct kernels' gradients reach cond 0.42 (linear scan, 1,416 records in four dtypes) and 0.44 (retention);
+#: 2 keeps a margin of about 5 for backward kernels not seen here, where a wrong adjoint is 1/u over.
+ADJOINT_SLACK = 2.0
+
+
+def _adjoint_trace(trace: Trace, ref: torch.Tensor) -> Trace:
+    """A gradient's bound from the family's own trace of it (`FamilyDef.gradient_traces`): componentwise, as an
+    output's, widened by `ADJOINT_SLACK`; its values are autograd's through the oracle (``ref``, the same
+    numbers to float64 rounding)."""
+    return dataclasses.replace(trace, out=ref, growth=trace.growth * ADJOINT_SLACK,
+                               chunk_growth=None if trace.chunk_growth is None else trace.chunk_growth * ADJOINT_SLACK)
+
+
+def _scaled(trace: Trace, factor: float) -> Trace:
+    """``trace`` of the gradient times ``factor`` (a backward on another scale, `_constant_factor`)."""
+    f = abs(factor)
+    return dataclasses.replace(trace, out=trace.out * factor, magnitude=trace.magnitude * f, growth=trace.growth * f,
+                               chunk_growth=None if trace.chunk_growth is None else trace.chunk_growth * f)
+
+
 def _domain_kind(div: Any, ref: torch.Tensor, precision: str) -> str:
     """`verdict.domain_kind` of a gradient: a gradient has no state or decays, so elements that leave the
     range where every exact value is within the dtype's max and the norm's backward in range are within
@@ -266,7 +291,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         low = {k: v.to(DTYPE_NAMES[storage]) for k, v in x64.items()}
         base = _vjp(lambda x: _oracle_output(problem, x, spec.convention), low, names,
                     g.to(DTYPE_NAMES[storage]))
-    records, natural_of = [], {}
+    adjoint = problem.definition.gradient_traces(problem, x64, g, names, spec.convention) or {}
+    records, bound_of = [], {}
     out_shape = tuple(problem.definition.output_shape(problem))
     for name in names:
         ref = want[name]
@@ -276,13 +302,17 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         if actual is None:
             actual = torch.zeros_like(inputs[name])  # the kernel ignores an input the oracle depends on
         axis = problem.definition.input_length_axis(name)
-        natural = natural_scale(float(g.abs().max()), y_scale, x64[name])
-        if terms is not None and terms.get(name) is not None:
-            natural = torch.maximum(natural, terms[name])
-        natural_of[name] = natural
+        if adjoint.get(name) is not None:
+            bound_of[name] = _adjoint_trace(adjoint[name], ref.detach())
+        else:
+            natural = natural_scale(float(g.abs().max()), y_scale, x64[name])
+            if terms is not None and terms.get(name) is not None:
+                natural = torch.maximum(natural, terms[name])
+            bound_of[name] = _gradient_trace(ref.detach(), g.numel(), natural)
 
         def judged(norm_peak: torch.Tensor | None):
-            div = measure(actual.detach(), _gradient_trace(ref.detach(), g.numel(), natural, norm_peak),
+            trace = bound_of[name] if norm_peak is None else dataclasses.replace(bound_of[name], norm_peak=norm_peak)
+            div = measure(actual.detach(), trace,
                           dtype=precision, tf32=problem.tf32,
                           baseline=None if base is None or base[name] is None else base[name].detach(),
                           length_axis=-1 if axis is None else axis, cond_threshold=options.policy.cond_threshold,
@@ -316,14 +346,13 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         for record in records:
             if record["verdict"] == "divergent" and record["cause"] in ("kernel_bug", "precision_loss"):
                 name = record["grad_of"]
-                _half_precision(record, got[name], want[name], g.numel(), natural_of[name], precision, options)
+                _half_precision(record, got[name], bound_of[name], precision, options)
     if options.factor_counterfactual:
         for record in records:
             if record["verdict"] == "divergent" and record["cause"] == "kernel_bug":
                 name = record["grad_of"]
                 low = None if base is None or base[name] is None else base[name].detach()
-                _constant_factor(problem, record, got[name], want[name], low, g.numel(), natural_of[name], precision,
-                                 options, spec.convention)
+                _constant_factor(problem, record, got[name], bound_of[name], low, precision, options, spec.convention)
     return records
 
 
@@ -344,9 +373,9 @@ def _replay_gradient(forward_replay: str | None, name: str) -> str | None:
     return None if not forward_replay else f"{forward_replay} --grad-of {shlex.quote(name)}"
 
 
-def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor,
-                     baseline: torch.Tensor | None, n_terms: int, natural: torch.Tensor, precision: str,
-                     options: RunOptions, convention: RetentionConvention) -> None:
+def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Tensor | None, bound: Trace,
+                     baseline: torch.Tensor | None, precision: str, options: RunOptions,
+                     convention: RetentionConvention) -> None:
     """Name a divergent gradient that is the exact one times a constant (a backward on another scale, a
     flipped sign) as `runner._constant_factor` names an output: judged again against the exact gradient
     times each factor `runner.factors_to_try` gives (the trace's scale and the same-dtype gradient with it);
@@ -355,10 +384,9 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
 
     if actual is None:
         return
-    for factor, meaning in factors_to_try(problem, actual, ref, precision, convention):
+    for factor, meaning in factors_to_try(problem, actual, bound.out, precision, convention):
         low = None if baseline is None else (baseline.to(torch.float64) * factor).to(baseline.dtype)
-        div = measure(actual.detach(), _gradient_trace(ref.detach() * factor, n_terms, natural * abs(factor)),
-                      dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,
+        div = measure(actual.detach(), _scaled(bound, factor), dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,
                       cond_threshold=options.policy.cond_threshold)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, div.cond_max
         if explains(judge(div, options.policy)):
@@ -367,19 +395,19 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
             return
 
 
-def _half_precision(record: dict[str, Any], actual: torch.Tensor | None, ref: torch.Tensor, n_terms: int,
-                    natural: torch.Tensor, precision: str, options: RunOptions) -> None:
+def _half_precision(record: dict[str, Any], actual: torch.Tensor | None, bound: Trace, precision: str,
+                    options: RunOptions) -> None:
     """Name a divergent float32/float64 gradient that a half-precision computation gives, as an output is
     named (`runner.half_precision_clause`), judged at that dtype's bound. The cause is then
     ``undeclared_precision``; the verdict is unchanged."""
     from harness.metrics import measure
 
     def judge_at(half: str):
-        div = measure(actual.detach(), _gradient_trace(ref.detach(), n_terms, natural), dtype=half, tf32=False,
+        div = measure(actual.detach(), bound, dtype=half, tf32=False,
                       baseline=None, length_axis=-1, cond_threshold=options.policy.cond_threshold)
         return div, judge(div, options.policy)
 
-    clause = None if actual is None else half_precision_clause(actual, ref, judge_at, record, precision,
+    clause = None if actual is None else half_precision_clause(actual, bound.out, judge_at, record, precision,
                                                               "gradient element")
     if clause is not None:
         record["cause"] = "undeclared_precision"

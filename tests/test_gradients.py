@@ -89,18 +89,35 @@ def test_a_wrong_backward_is_found_while_the_forward_is_right(dtype):
     assert by_input["b"]["cause"] == "kernel_bug"
 
 
-@pytest.mark.parametrize(("dtype", "length", "verdict"), [("bfloat16", 5, "out_of_domain"), ("float16", 5, "out_of_domain"),
-                                                      ("float32", 64, "divergent")])
-def test_a_wrong_backward_is_never_equivalent_where_its_bound_leaves_no_digit(dtype, length, verdict):
-    """A gradient's bound is normwise and carries headroom (`GRADIENT_SLACK`): in bfloat16 it is 98 times the
-    gradient's scale at L = 64, so a backward off by 84 times its value was `equivalent` at cond 0.003.
-    The bound now has its precision domain: where it reaches half the scale the elements are
-    `precision_exhausted` and the case out_of_domain (no claim either way); float32 at any ci length keeps
-    its digits and the wrong backward is divergent as before."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_a_wrong_backward_is_found_in_every_precision_on_the_adjoint_s_own_bound(dtype):
+    """The linear scan's gradients are judged on the trace of the adjoint recurrence (`gradient_traces`),
+    componentwise as an output: the backward that forgets the decay is divergent in half precision too, where
+    the normwise bound (below) left no digit and the case was out_of_domain."""
     caps = Capabilities(dtypes=(dtype,), autograd=True)
     spec = KernelSpec(name="planted.leaky_backward", family="linear_scan", load=lambda: _LeakyBackward.apply,
                       capabilities=caps, source="test")
-    records = gradient_case(spec, Problem("linear_scan", length, dtype=dtype, batch=2, dim=3, seed=4))
+    records = gradient_case(spec, Problem("linear_scan", 64 if dtype == "float32" else 5, dtype=dtype, batch=2,
+                                          dim=3, seed=4))
+    b = next(r for r in records if r["grad_of"] == "b")
+    assert b["verdict"] == "divergent" and b["cause"] == "kernel_bug", (b["verdict"], b["why"])
+
+
+@pytest.mark.parametrize(("dtype", "length", "verdict"), [("bfloat16", 5, "out_of_domain"), ("float16", 5, "out_of_domain"),
+                                                      ("float32", 64, "divergent")])
+def test_a_wrong_backward_is_never_equivalent_where_its_bound_leaves_no_digit(dtype, length, verdict, monkeypatch):
+    """Without a trace of its own (the normwise bound every family without `gradient_traces` has; the linear
+    scan made to have none here) a gradient's bound carries headroom (`GRADIENT_SLACK`): in bfloat16 it is 98
+    times the gradient's scale at L = 64, so a backward off by 84 times its value was `equivalent` at cond
+    0.003. The bound has its precision domain: where it reaches half the scale the elements are
+    `precision_exhausted` and the case out_of_domain (no claim either way); float32 at any ci length keeps
+    its digits and the wrong backward is divergent as before."""
+    problem = Problem("linear_scan", length, dtype=dtype, batch=2, dim=3, seed=4)
+    monkeypatch.setattr(type(problem.definition), "gradient_traces", lambda *args: None)
+    caps = Capabilities(dtypes=(dtype,), autograd=True)
+    spec = KernelSpec(name="planted.leaky_backward", family="linear_scan", load=lambda: _LeakyBackward.apply,
+                      capabilities=caps, source="test")
+    records = gradient_case(spec, problem)
     b = next(r for r in records if r["grad_of"] == "b")
     assert b["verdict"] == verdict, (b["verdict"], b["why"])
     if verdict == "out_of_domain":
@@ -346,3 +363,89 @@ def test_a_gradient_within_its_bound_of_the_max_says_so_not_that_its_inputs_over
         assert r["n_kernel_nonfinite"] == 0 and r["cause"] in ("near_overflow", "precision_exhausted"), r["cause"]
         assert "within their error bound of its max" in r["why"] or "within its error bound of float16 max" in r["why"]
         assert "non-finite" not in r["why"] and "overflow the dtype even in exact arithmetic" not in r["why"], r["why"]
+
+
+def _grad_of(problem: Problem, names: tuple[str, ...], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Float64 autograd through the oracle's definition along ``g``."""
+    from harness.kernels.contract import RetentionConvention
+
+    x = {k: v.to(torch.float64).requires_grad_(k in names) for k, v in problem.make_inputs().items()}
+    out = problem.definition.differentiable(problem, x, RetentionConvention())
+    return dict(zip(names, torch.autograd.grad(out, [x[n] for n in names], g)))
+
+
+@pytest.mark.parametrize(("family", "names"), [("retention", ("q", "k", "v")), ("linear_scan", ("a", "b"))])
+def test_a_family_s_gradient_traces_are_its_gradients(family, names):
+    """`gradient_traces` claims that retention's and the linear scan's gradients are their own recurrences (run
+    backwards for k, v and b): each trace's output is autograd's gradient through the oracle to float64
+    rounding, and its magnitude is at least the gradient's size (it bounds the sum of |terms|)."""
+    from harness.kernels.contract import RetentionConvention
+
+    problem = Problem(family, 37, dtype="float64", batch=2, dim=3, heads=3, dk=5, dv=4, seed=11)
+    x = {k: v.to(torch.float64) for k, v in problem.make_inputs().items()}
+    g = torch.randn(tuple(problem.definition.output_shape(problem)), generator=torch.Generator().manual_seed(3),
+                    dtype=torch.float64)
+    want = _grad_of(problem, names, g)
+    traces = problem.definition.gradient_traces(problem, x, g, names, RetentionConvention())
+    assert set(traces) == set(names)
+    for name in names:
+        t = traces[name]
+        scale = float(want[name].abs().max())
+        assert torch.allclose(t.out, want[name], rtol=0, atol=1e-12 * scale), name
+        assert bool((t.magnitude >= want[name].abs() * (1 - 1e-12)).all()), name
+        assert bool((t.growth >= t.magnitude * (1 - 1e-12)).all()), name
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["intree.retention_chunkwise", "intree.retention_parallel", "intree.blelloch_scan"])
+def test_a_correct_kernel_s_half_precision_gradients_are_judged(name, dtype):
+    """On the adjoint's own trace a correct kernel's half-precision gradients are compared and equivalent; with
+    the normwise bound every one of them was `out_of_domain` (ci gradient calibration, session 18: 36 of 36
+    float16 and 27 of 27 bfloat16 retention gradients)."""
+    spec = get(name)
+    family = spec.family.value
+    problem = Problem(family, 100, dtype=dtype, batch=2, dim=4, heads=2, dk=16, dv=8, seed=5,
+                      chunk_size=16 if "chunkwise" in name else None)
+    records = gradient_case(spec, problem, RunOptions())
+    assert records and all(r.get("mode") == "grad" for r in records), records[0]["why"]
+    for r in records:
+        assert r["verdict"] == "equivalent" and r["n_compared"] == r["n_elements"], (r["kernel"], r["why"])
+
+
+class _WrongHeadDecayBackward(torch.autograd.Function):
+    """Forward: the right retention. Backward: takes each head's decay from the next head (a backward kernel that
+    indexes its decays by the wrong head), a relative error of a few percent."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        from reference_impls.retention import default_gammas, retention
+
+        ctx.save_for_backward(q, k, v)
+        return retention(q, k, v, default_gammas(q.shape[2]), compute_dtype=q.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        from reference_impls import autograd as ad
+        from reference_impls.retention import default_gammas
+
+        q, k, v = ctx.saved_tensors
+        heads = q.shape[2]
+        gammas = list(default_gammas(heads + 1))[1:]
+        with torch.enable_grad():
+            x = [t.detach().to(torch.float32).requires_grad_() for t in (q, k, v)]
+            out = ad.retention(*x, gammas, q.shape[-1] ** -0.5)
+            grads = torch.autograd.grad(out, x, g.to(torch.float32))
+        return tuple(d.to(q.dtype) for d in grads)
+
+
+@pytest.mark.parametrize("dtype", ["float16"])
+def test_a_wrong_retention_backward_is_found_in_half_precision(dtype):
+    """A backward with each head's decay taken from the next head, its forward right: divergent in float16 on the
+    adjoint's bound, where the normwise bound called every half-precision gradient out_of_domain. (In bfloat16
+    its few percent are within rounding: u = 2^-8 over a window of 32 to 64 steps, cond 0.6 to 0.7.)"""
+    spec = KernelSpec(name="planted.wrong_head_decay_backward", family="retention",
+                      load=lambda: _WrongHeadDecayBackward.apply,
+                      capabilities=Capabilities(dtypes=(dtype,), autograd=True), source="test")
+    records = gradient_case(spec, Problem("retention", 64, dtype=dtype, batch=1, heads=2, dk=8, dv=8, seed=2))
+    assert {r["grad_of"] for r in records} == {"q", "k", "v"}
+    assert all(r["verdict"] == "divergent" for r in records), [(r["grad_of"], r["verdict"], r["why"]) for r in records]

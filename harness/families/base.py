@@ -204,6 +204,13 @@ class FamilyDef:
         (`harness.gradients.term_scale`); None where it is not."""
         return None
 
+    def gradient_traces(self, p: "Problem", x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...],
+                        convention: RetentionConvention) -> dict[str, "Trace"] | None:
+        """Per input in ``names``: the oracle's trace of its gradient along ``cot``, where the family's gradients
+        are themselves instances of an oracle (retention's are retentions): judged then as an output is, on its
+        own componentwise bound. None where they are not: the normwise bound applies (`harness.gradients`)."""
+        return None
+
     def gradient_norm_peak(self, p: "Problem", x: dict[str, torch.Tensor], names: tuple[str, ...],
                            convention: RetentionConvention) -> dict[str, torch.Tensor] | None:
         """Per element of each input in ``names``: the largest intermediate a correct backward forms on the

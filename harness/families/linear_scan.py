@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from harness.families.base import FamilyDef, randn, uniform
 from harness.kernels.contract import Family
+from reference_impls.trace import Trace
 
 
 class LinearScan(FamilyDef):
@@ -53,6 +56,34 @@ class LinearScan(FamilyDef):
 
         ax = {k: v.abs() for k, v in x.items()}
         return vjp(lambda v: ad.linear_recurrence(v["a"], v["b"]), ax, names, cot.abs())
+
+    def gradient_traces(self, p, x, cot, names, convention):
+        """The adjoint of ``h_t = a_t h_{t-1} + b_t`` along g is the same recurrence run backwards,
+        ``lam_t = a_{t+1} lam_{t+1} + g_t`` (``lam`` past the end 0): ``db = lam`` has the oracle's trace of that
+        reversed recurrence (`reference_impls.linear_recurrence.linear_recurrence_trace`), and ``da_t = lam_t h_{t-1}``
+        (0 at t = 0) is a product of two computed values: its magnitude ``|lam| |h|`` is the product of theirs,
+        its growth each one's growth times the other's magnitude plus the product's own rounding, and its peaks
+        the larger of the two recurrences' (the running maxima of h up to t - 1 and of lam from t on)."""
+        from reference_impls.linear_recurrence import linear_recurrence_trace
+
+        a, b = x["a"], x["b"]
+        a_next = torch.cat([a[..., 1:], torch.zeros_like(a[..., :1])], dim=-1)
+        back = linear_recurrence_trace(a_next.flip(-1), cot.flip(-1))
+        lam = dataclasses.replace(back, **{f.name: getattr(back, f.name).flip(-1) for f in dataclasses.fields(back)
+                                           if getattr(back, f.name) is not None})
+        made = {"b": lambda: lam}
+        if "a" in names:
+            fwd = linear_recurrence_trace(a, b)
+
+            def before(t: torch.Tensor) -> torch.Tensor:  # h_{t-1}, 0 at t = 0
+                return torch.cat([torch.zeros_like(t[..., :1]), t[..., :-1]], dim=-1)
+
+            h, hm, hw = before(fwd.out), before(fwd.magnitude), before(fwd.growth)
+            made["a"] = lambda: Trace(out=lam.out * h, magnitude=lam.magnitude * hm,
+                                      growth=lam.growth * hm + lam.magnitude * hw + lam.magnitude * hm,
+                                      state_peak=torch.maximum(lam.state_peak, before(fwd.state_peak)),
+                                      decay_peak=torch.maximum(lam.decay_peak, before(fwd.decay_peak)))
+        return {name: made[name]() for name in names if name in made}
 
     def element_bounds(self, p, name):
         if name == "a":

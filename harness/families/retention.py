@@ -3,6 +3,7 @@ decay and scale from the kernel's `RetentionConvention` (RetNet's by default).""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -76,6 +77,32 @@ class Retention(FamilyDef):
         scale = abs(convention.scale(p.dk))
         c = self._term_cotangent(p, x, cot, convention)
         return vjp(lambda v: ad.retention(v["q"], v["k"], v["v"], gamma, scale), ax, names, c)
+
+    def gradient_traces(self, p, x, cot, names, convention):
+        """Retention's gradients are retentions of the same decays and scale (the adjoint of a linear recurrence
+        runs it backwards): with g the cotangent,
+
+            dq_t = scale sum_{s <= t} gamma^(t-s) (g_t . v_s) k_s        retention(q=g, k=v, v=k)
+            dk_s = scale sum_{t >= s} gamma^(t-s) (v_s . g_t) q_t        retention(q=v, k=g, v=q), time reversed
+            dv_s = scale sum_{t >= s} gamma^(t-s) (k_s . q_t) g_t        retention(q=k, k=q, v=g), time reversed
+
+        so each gradient has the oracle's own trace (`reference_impls.retention.retention_trace`): the bound a
+        correct form of that retention may err by, its magnitude and the peaks of its state (the backward's
+        dS, which a correct backward forms), per element, as an output's. A time-reversed trace is flipped
+        back, so its peaks are running maxima over the later positions, which feed the gradient at s."""
+        from reference_impls.retention import retention_trace
+
+        gamma, scale = self._convention(p, convention)
+
+        def reversed_(a, b, c):
+            t = retention_trace(a.flip(1), b.flip(1), c.flip(1), gamma=gamma, scale=scale)
+            return dataclasses.replace(t, **{f.name: getattr(t, f.name).flip(1) for f in dataclasses.fields(t)
+                                             if getattr(t, f.name) is not None})
+
+        made = {"q": lambda: retention_trace(cot, x["v"], x["k"], gamma=gamma, scale=scale),
+                "k": lambda: reversed_(x["v"], cot, x["q"]),
+                "v": lambda: reversed_(x["k"], x["q"], cot)}
+        return {name: made[name]() for name in names if name in made}
 
     def draw_fields(self, draw, caps, lim, regime, common):
         fields = draw_heads(draw, caps, lim)

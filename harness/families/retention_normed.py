@@ -68,6 +68,11 @@ class RetentionNormed(Retention):
         from_s = at_t.flip(1).cummax(1).values.flip(1)  # the largest over t >= s
         return {name: (at_t if name == "q" else from_s).expand_as(x[name]) for name in names}
 
+    def gradient_traces(self, p, x, cot, names, convention):
+        """None: through the norm the gradients are no longer retentions (`Retention.gradient_traces`); the
+        normwise bound applies (`harness.gradients`)."""
+        return None
+
     def _term_cotangent(self, p, x, cot, convention) -> torch.Tensor:
         """The norm's Jacobian ``d(o_j/r)/do_i = delta_ij / r - o_i o_j / (dv r^3)`` bounded term by term:
         the cotangent ``|g_j| / r + |o_j| sum_i |g_i o_i| / (dv r^3)`` for the raw retention."""
