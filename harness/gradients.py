@@ -312,7 +312,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
 
         def judged(norm_peak: torch.Tensor | None):
             trace = bound_of[name] if norm_peak is None else dataclasses.replace(bound_of[name], norm_peak=norm_peak)
-            div = measure(actual.detach(), trace,
+            div = measure(actual.detach(), trace, function_room=problem.function_room if name in adjoint else 0.0,
                           dtype=precision, tf32=problem.tf32,
                           baseline=None if base is None or base[name] is None else base[name].detach(),
                           length_axis=-1 if axis is None else axis, cond_threshold=options.policy.cond_threshold,

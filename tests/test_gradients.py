@@ -449,3 +449,26 @@ def test_a_wrong_retention_backward_is_found_in_half_precision(dtype):
     records = gradient_case(spec, Problem("retention", 64, dtype=dtype, batch=1, heads=2, dk=8, dv=8, seed=2))
     assert {r["grad_of"] for r in records} == {"q", "k", "v"}
     assert all(r["verdict"] == "divergent" for r in records), [(r["grad_of"], r["verdict"], r["why"]) for r in records]
+
+
+def _log_space_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A correct linear scan for positive decays, formed in log space: ``h_t = sum_s exp(C_t - C_s) b_s`` with
+    ``C`` the cumulative sum of ``log a``. Autograd differentiates ``log a_t`` inside every ``C_r``, r >= t, so its
+    da_t is a difference of sums that cancel, and da_0 (exactly 0: h_{-1} = 0) comes out as a residue of rounding."""
+    c = torch.log(a.double()).cumsum(-1)
+    m = torch.exp(c[..., :, None] - c[..., None, :]).tril()
+    return (m @ b.double()[..., :, None])[..., 0].to(a.dtype)
+
+
+def test_a_backward_that_cancels_terms_is_judged_on_their_size_not_on_a_bound_of_zero():
+    """The adjoint trace of da charges the terms a correct backward may cancel (`LinearScan.gradient_traces`):
+    without them the log-space scan's residue of 7e-16 at da_0, whose exact value and adjoint bound are 0, was a
+    kernel_bug at cond 3e292 (session 19's blind hunt), and its da_t beside terms that cancel exceeded the bound."""
+    spec = KernelSpec(name="test.log_space_scan", family="linear_scan", load=lambda: _log_space_scan,
+                      capabilities=Capabilities(dtypes=("float64",), autograd=True), source="test")
+    seen = []
+    for seed in range(6):
+        for record in gradient_case(spec, Problem("linear_scan", 24, dtype="float64", batch=2, dim=3, seed=seed)):
+            seen.append(record.get("grad_of"))
+            assert record["verdict"] == "equivalent", (seed, record["kernel"], record["why"])
+    assert seen.count("a") == 6

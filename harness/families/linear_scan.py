@@ -62,8 +62,9 @@ class LinearScan(FamilyDef):
         ``lam_t = a_{t+1} lam_{t+1} + g_t`` (``lam`` past the end 0): ``db = lam`` has the oracle's trace of that
         reversed recurrence (`reference_impls.linear_recurrence.linear_recurrence_trace`), and ``da_t = lam_t h_{t-1}``
         (0 at t = 0) is a product of two computed values: its magnitude ``|lam| |h|`` is the product of theirs,
-        its growth each one's growth times the other's magnitude plus the product's own rounding, and its peaks
-        the larger of the two recurrences' (the running maxima of h up to t - 1 and of lam from t on)."""
+        its growth each one's growth times the other's magnitude plus the product's own rounding and the terms a
+        correct backward may cancel (below), and its peaks the larger of the two recurrences' (the running maxima
+        of h up to t - 1 and of lam from t on)."""
         from reference_impls.linear_recurrence import linear_recurrence_trace
 
         a, b = x["a"], x["b"]
@@ -79,8 +80,17 @@ class LinearScan(FamilyDef):
                 return torch.cat([torch.zeros_like(t[..., :1]), t[..., :-1]], dim=-1)
 
             h, hm, hw = before(fwd.out), before(fwd.magnitude), before(fwd.growth)
-            made["a"] = lambda: Trace(out=lam.out * h, magnitude=lam.magnitude * hm,
-                                      growth=lam.growth * hm + lam.magnitude * hw + lam.magnitude * hm,
+            # A correct backward may reach da_t through terms that cancel: a log-space scan differentiates
+            # log a_t inside every cumulative sum from t on, so its da_t is the difference of two sums of the
+            # terms of every output from t on (the exact value keeps only those that started before t). Their
+            # size, sum_{r >= t} |g_r| H_r / |a_t|, is charged as rounding; where the exact gradient is 0 by
+            # structure (da_0, h_{-1} = 0) it is also the element's magnitude, so that such a residue of
+            # rounding (7e-16 in float64) is judged against it and not against a bound of 0.
+            reach = (cot.abs() * fwd.magnitude).flip(-1).cumsum(-1).flip(-1)
+            cancel = torch.where(a == 0, torch.zeros_like(reach), reach / a.abs())
+            magnitude = lam.magnitude * hm
+            made["a"] = lambda: Trace(out=lam.out * h, magnitude=torch.where(magnitude == 0, cancel, magnitude),
+                                      growth=lam.growth * hm + lam.magnitude * hw + magnitude + cancel,
                                       state_peak=torch.maximum(lam.state_peak, before(fwd.state_peak)),
                                       decay_peak=torch.maximum(lam.decay_peak, before(fwd.decay_peak)))
         return {name: made[name]() for name in names if name in made}
