@@ -63,7 +63,8 @@ same-dtype sequential loop (the baseline) is NaN/Inf too: an intermediate of a c
 the range there (``domain_cause = "loop_nonfinite"``). Next to the range, the precision domain:
 an element whose valid bound reaches its magnitude (``r >= PRECISION_LIMIT``) carries no guaranteed
 digit and is out of domain too (``n_precision_exhausted``, ``precision_onset_t``; a kernel NaN/Inf there
-is no finding). Elements out of domain are not compared, against the oracle or the baseline.
+is still a finding unless excused as in the range domain: a correct algorithm whose intermediates stay in
+range makes none). Elements out of domain are not compared, against the oracle or the baseline.
 
 Non-finite values are classified before any number is compared (numpy.testing's order), see
 `NONFINITE_CLASSES`.
@@ -725,16 +726,20 @@ class _Accumulator:
         if not bool(xf.all()):
             knf = ~xf
             self.n_k_nonfinite += int(knf.sum())
-            # not a kernel bug either: a non-finite value next to the overflow threshold, or where
-            # the rounding bound is at least the value itself (no significant digit is guaranteed:
-            # e.g. a norm whose input a correct loop may round to all zeros, giving 0/0)
-            near = knf & dom & ((ao + s.thr * bound > s.info.max_finite) | (bound - s.tiny >= ao))
+            # Not a kernel bug: a non-finite value next to the overflow threshold; where the plain loop in
+            # the same dtype is non-finite too (an intermediate of a correct algorithm, a partial sum or a
+            # drive term, leaves the dtype's range there); or, after a norm, where the rounding bound is at
+            # least the value itself (a correct loop may round the norm's input to all zeros: 0/0). Anywhere
+            # else NaN/Inf is a finding, also where no digit is guaranteed (`lost`): a finite value of any
+            # size is rounding there, but a correct algorithm whose intermediates stay in range (the state
+            # and decay peaks, the output plus its bound) makes no NaN/Inf.
+            excused = ao + s.thr * bound > s.info.max_finite
             if bc is not None:
-                # nor where the plain loop in the same dtype is non-finite too: an intermediate of a
-                # correct algorithm (a partial sum, a drive term) leaves the dtype's range there
-                near |= knf & dom & ~torch.isfinite(bc)
-            dom = dom & ~near
-            bad = knf & dom
+                excused |= ~torch.isfinite(bc)
+            if normc is not None:
+                excused |= bound - s.tiny >= ao
+            bad = knf & (dom | lost) & ~excused
+            dom = dom & ~(knf & excused)
             compared = dom & xf
         else:
             compared = dom

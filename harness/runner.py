@@ -623,7 +623,8 @@ _SCALED_FAMILIES = (Family.RETENTION, Family.RETENTION_NORMED, Family.SIMPLE_GLA
 def _known_factors(problem: Problem, convention: RetentionConvention = RETNET) -> list[tuple[float, str]]:
     """The usual constant factors of a wrong output, signed, with what each means: a flipped sign; a scale
     from the wrong head dimension (left out, applied twice, ``dv**-0.5``) or a ``scale=`` passed and ignored;
-    a one-head retention's gamma (the state decayed once too often)."""
+    after the normed retention's RMS norm, which cancels a scale, the norm's own (its mean over dk, its sum
+    not divided by dv, divided twice); a one-head retention's gamma (the state decayed once too often)."""
     known: list[tuple[float, str]] = []
     if problem.family in _SCALED_FAMILIES:
         dk, dv = problem.dk, problem.dv
@@ -631,9 +632,18 @@ def _known_factors(problem: Problem, convention: RetentionConvention = RETNET) -
         if given:  # a case that passed scale= to a kernel that takes it (first: the more specific meaning)
             known += [(dk ** -0.5 / given, f"dk**-0.5 / scale: the scale={given:g} passed was ignored (dk**-0.5 used)"),
                       (1 / given, f"1 / scale: the scale={given:g} passed was ignored (no scale used)")]
-        known += [(dk ** 0.5, "dk**0.5: the scale dk**-0.5 left out"),
-                  (dk ** -0.5, "dk**-0.5: the scale dk**-0.5 applied twice")]
-        if dk != dv:
+        # after an RMS norm a scale cancels (but where eps outweighs the mean square): there a factor is the norm's
+        normed = problem.family is Family.RETENTION_NORMED
+        note = " (after the norm only where eps outweighs the mean square)" if normed else ""
+        if normed and dk != dv:
+            known.append(((dk / dv) ** 0.5, "(dk / dv)**0.5: the norm's mean square taken over dk where the family's "
+                                            "is over dv (or, where eps outweighs it, the scale dv**-0.5 for dk**-0.5)"))
+        if normed:
+            known += [(dv ** -0.5, "dv**-0.5: the norm's root of the sum of squares, not of their mean"),
+                      (dv ** 0.5, "dv**0.5: the norm's mean square divided by dv twice")]
+        known += [(dk ** 0.5, f"dk**0.5: the scale dk**-0.5 left out{note}"),
+                  (dk ** -0.5, f"dk**-0.5: the scale dk**-0.5 applied twice{note}")]
+        if dk != dv and not normed:
             known.append(((dk / dv) ** 0.5, "(dk / dv)**0.5: the scale dv**-0.5 where the family's is dk**-0.5"))
     if problem.family in (Family.RETENTION, Family.RETENTION_NORMED) and problem.heads == 1:
         known.append((float(convention.gammas(1)[0]), "gamma: the state decayed once more than the definition "

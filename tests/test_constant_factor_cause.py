@@ -10,6 +10,7 @@ more against the oracle's times the least-squares factor, and where it is equiva
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.api import user_kernel_spec
 from harness.kernels import registry
@@ -190,3 +191,28 @@ def test_the_line_is_only_for_a_bare_kernel_bug_of_the_same_kernel_and_mode():
     line = named_on_larger_cases(shrunk, [shrunk, factor])
     assert line == ("Named on larger cases: constant_factor (1 of the search's 2 divergent cases; e.g. float32 L=9 "
                     "trained: constant factor: the output is -1 times the oracle's)")
+
+
+def _normed_mean_over_dk(q, k, v, eps):
+    """A normed retention whose RMS norm divides the sum of squares by dk, not dv (one ``head_dim`` for both)."""
+    from reference_impls.retention import default_gammas, retention
+
+    o = retention(q, k, v, default_gammas(q.shape[2]), compute_dtype=q.dtype)
+    return o / torch.sqrt((o * o).sum(-1, keepdim=True) / q.shape[-1] + eps)
+
+
+def test_a_normed_output_off_by_a_factor_names_the_norm_not_the_scale():
+    """After the RMS norm the attention scale cancels (eps = 0): session 19's blind hunt had a norm over dk named
+    "the scale dv**-0.5 where the family's is dk**-0.5", which cannot change a normed output. The clause names the
+    norm's mean over dk first."""
+    from harness.kernels.contract import Capabilities, KernelSpec
+    from harness.problems import Problem
+    from harness.runner import run_case
+
+    spec = KernelSpec(name="planted.normed_mean_over_dk", family="retention_normed", load=lambda: _normed_mean_over_dk,
+                      capabilities=Capabilities(dtypes=("float64",)), source="test")
+    record = run_case(spec, Problem("retention_normed", 16, dtype="float64", batch=1, heads=2, dk=4, dv=16, eps=0.0,
+                                    seed=3))
+    assert record["verdict"] == "divergent" and record["cause"] == "constant_factor", record["why"]
+    assert "the norm's mean square taken over dk" in record["why"], record["why"]
+    assert "the scale dv**-0.5 where" not in record["why"]
