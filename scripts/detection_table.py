@@ -31,20 +31,19 @@ END = "<!-- END detection table -->"
 from harness.records import FAILING_VERDICTS as FAILING  # noqa: E402 - the one definition
 
 from docblock import write_between_markers  # noqa: E402  (scripts/ is on sys.path when run as a script)
-from tests.planted.search import Timeline, n_inputs  # noqa: E402
+from tests.planted.search import Timeline, check_per_dtype, n_inputs  # noqa: E402
 
 
 def run_bug(bug, profile: str, max_length: int | None) -> dict:
-    from harness.api import check
-
     timeline = Timeline()
     with tempfile.TemporaryDirectory() as tmp:
-        result = check(bug.spec, profile=profile, dtypes=bug.dtypes, max_length=bug.max_length or max_length,
-                       store=timeline, counterexample_dir=Path(tmp), check_determinism=False,
-                       grad=False)  # the forward search, as tests/test_planted_bugs.py's (a case is a forward case)
+        result = check_per_dtype(bug.spec, bug.dtypes, profile=profile, max_length=bug.max_length or max_length,
+                                 store=timeline, counterexample_dir=Path(tmp), check_determinism=False,
+                                 grad=False)  # the forward search, as tests/test_planted_bugs.py's
+
     total = time.perf_counter() - timeline.start
     row = {"bug": bug.name, "family": bug.family.value, "exposed by": bug.exposed_by,
-           "found": "yes" if not result.passed else "**NO**", "cases": len(result.records),
+           "found": "yes" if not result.passed else "**NO**", "cases": len(timeline.stamps),
            "time to find (s)": None, "total (s)": round(total, 2),
            "exposing cases": sum(bool(bug.exposes(_problem(r))) for _, r in timeline.stamps)}
     first = next(((t, i, r) for i, (t, r) in enumerate(timeline.stamps) if r["verdict"] in FAILING), None)

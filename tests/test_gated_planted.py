@@ -89,6 +89,12 @@ CASES = {
         (False, _case(9, per_key=True, length=15, cu=[0, 15], h0=True, final=True)),
         (False, _case(10, per_key=True, length=15, h0=True, final=True)),
     ],
+    "gla_varlen_leaks_at_chunk_starts": [
+        (True, _case(17, per_key=True, length=17, cu=[0, 8, 17])),  # a sequence starts at chunk 8's start
+        (True, _case(18, per_key=True, length=20, cu=[0, 3, 16, 20], h0=True, final=True)),
+        (False, _case(19, per_key=True, length=17, cu=[0, 7, 17], h0=True, final=True)),
+        (False, _case(20, per_key=True, length=17, cu=[0, 9, 17])),
+    ],
     "simple_gla_final_state_one_step_early": [
         (True, _case(11, per_key=False, length=9, final=True)),
         (True, _case(12, per_key=False, length=1, final=True, h0=True)),

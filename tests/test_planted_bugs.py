@@ -37,7 +37,7 @@ from harness.kernels import registry
 from harness.problems import Problem
 from harness.runner import RunOptions, run_case
 from tests.planted import every_planted_bug
-from tests.planted.search import Timeline, n_inputs
+from tests.planted.search import Timeline, check_per_dtype, n_inputs
 from tests.planted.bugs import PlantedBug
 
 PLANTED = every_planted_bug()
@@ -80,9 +80,9 @@ def search(bug: PlantedBug, tmp_path_factory) -> Search:
     """`check` on ``bug`` under the ci profile, once per session (two tests read the same run)."""
     if bug.name not in _SEARCHES:
         timeline = Timeline()
-        result = check(bug.spec, profile=PROFILE, dtypes=bug.dtypes, max_length=bug.max_length or MAX_LENGTH,
-                       store=timeline, counterexample_dir=tmp_path_factory.mktemp(bug.name),
-                       check_determinism=False, grad=False)  # the forward search (tests/test_gradients.py: backward)
+        result = check_per_dtype(bug.spec, bug.dtypes, profile=PROFILE, max_length=bug.max_length or MAX_LENGTH,
+                                 store=timeline, counterexample_dir=tmp_path_factory.mktemp(bug.name),
+                                 check_determinism=False, grad=False)  # forward (tests/test_gradients.py: backward)
         _SEARCHES[bug.name] = Search(result, timeline, time.perf_counter() - timeline.start)
     return _SEARCHES[bug.name]
 

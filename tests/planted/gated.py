@@ -16,6 +16,7 @@ import torch
 
 from harness.kernels import gated_forms as gf
 from harness.kernels.contract import Capabilities, Family
+from harness.problems import Problem
 from tests.planted.bugs import PlantedBug
 
 __all__ = ["GATED_PLANTED", "by_name"]
@@ -115,6 +116,30 @@ def gla_varlen_state_leaks(q, k, v, g, scale=None, initial_state=None, output_fi
     return torch.cat(outs, dim=1), (torch.cat(finals) if output_final_state else None)
 
 
+def gla_varlen_leaks_at_chunk_starts(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+                                     cu_seqlens=None, chunk_size=gf.DEFAULT_CHUNK):
+    """Packed sequences whose boundary falls on a chunk's start take the state the previous one left.
+
+    A varlen chunk kernel that resets its state where a sequence starts inside a chunk but reads the chunk's
+    carried state when the boundary is the chunk's first step (the sequence index read at the chunk's start
+    instead of the step before). Exact unless a sequence starts exactly at a positive multiple of the chunk
+    size (session 19's blind hunt: such cuts were never drawn, and the bug passed float32 to bfloat16).
+    """
+    if cu_seqlens is None:
+        return gf.gla_chunk(q, k, v, g, scale, initial_state, output_final_state, None, chunk_size)
+    bounds = [int(c) for c in cu_seqlens]
+    carried = None
+    outs, finals = [], []
+    for i, (t0, t1) in enumerate(zip(bounds[:-1], bounds[1:])):
+        own = None if initial_state is None else initial_state[i:i + 1]
+        start = carried if t0 > 0 and t0 % chunk_size == 0 else own
+        o, carried = gf.gla_chunk(q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], g[:, t0:t1], scale, start, True, None,
+                                  chunk_size)
+        outs.append(o)
+        finals.append(carried)
+    return torch.cat(outs, dim=1), (torch.cat(finals) if output_final_state else None)
+
+
 for _fn, _name in ((gla_chunk_cross_decay_exclusive, "gla_chunk_cross_decay_exclusive"),
                    (simple_gla_initial_state_not_decayed, "simple_gla_initial_state_not_decayed"),
                    (simple_gla_final_state_one_step_early, "simple_gla_final_state_one_step_early")):
@@ -144,6 +169,14 @@ GATED_PLANTED: list[PlantedBug] = [
                "packed sequences: the state carried across cu_seqlens boundaries",
                exposed_by="cu_seqlens with two or more sequences", capabilities=GATED_CAPS,
                exposes=lambda p: p.cu_seqlens is not None and len(p.cu_seqlens) > 2),
+    PlantedBug("gla_varlen_leaks_at_chunk_starts", Family.GLA, gla_varlen_leaks_at_chunk_starts,
+               "packed sequences: the state carried across a boundary that falls on a chunk's start",
+               exposed_by="cu_seqlens with a sequence starting at a positive multiple of the chunk size",
+               capabilities=GATED_CAPS,
+               exposes=lambda p: p.cu_seqlens is not None and p.chunk_size is not None
+               and any(0 < c < p.length and c % p.chunk_size == 0 for c in p.cu_seqlens),
+               witness=Problem(family="gla", length=17, dtype="float64", batch=1, heads=2, dk=3, dv=4, chunk_size=8,
+                               has_initial_state=True, final_state=True, cu_seqlens=(0, 8, 17), seed=1)),
     PlantedBug("simple_gla_final_state_one_step_early", Family.SIMPLE_GLA, simple_gla_final_state_one_step_early,
                "final state taken one step early (before the last update)", exposed_by="the final state asked for",
                capabilities=GATED_CAPS, exposes=lambda p: bool(p.final_state)),
