@@ -191,7 +191,9 @@ def test_a_kernel_that_takes_negative_steps_as_given_is_not_drawn_them():
     def regimes(name: str) -> set[str]:
         seen: set[str] = set()
 
-        @settings(max_examples=60, derandomize=True, database=None, deadline=None)
+        # 300 draws: one regime of nine comes up in about 8% of them (measured), so 60 could miss it (a change of
+        # the SSD draws made them miss it once)
+        @settings(max_examples=300, derandomize=True, database=None, deadline=None)
         @given(problems(registry.get(name), profile="dev", explicit=False, dtypes=("float32",)))
         def collect(problem):
             seen.add(problem.regime)

@@ -401,7 +401,8 @@ def test_a_family_s_gradient_traces_are_its_gradients(family, names):
 def test_a_correct_kernel_s_half_precision_gradients_are_judged(name, dtype):
     """On the adjoint's own trace a correct kernel's half-precision gradients are compared and equivalent; with
     the normwise bound every one of them was `out_of_domain` (ci gradient calibration, session 18: 36 of 36
-    float16 and 27 of 27 bfloat16 retention gradients)."""
+    float16 and 27 of 27 bfloat16 retention gradients). The scan's da, charged the terms a backward may cancel,
+    may lose an element's digits (out_of_domain) but is never divergent."""
     spec = get(name)
     family = spec.family.value
     problem = Problem(family, 100, dtype=dtype, batch=2, dim=4, heads=2, dk=16, dv=8, seed=5,
@@ -409,6 +410,9 @@ def test_a_correct_kernel_s_half_precision_gradients_are_judged(name, dtype):
     records = gradient_case(spec, problem, RunOptions())
     assert records and all(r.get("mode") == "grad" for r in records), records[0]["why"]
     for r in records:
+        if r["grad_of"] == "a":
+            assert r["verdict"] != "divergent" and r["n_compared"] > 0.9 * r["n_elements"], (r["kernel"], r["why"])
+            continue
         assert r["verdict"] == "equivalent" and r["n_compared"] == r["n_elements"], (r["kernel"], r["why"])
 
 
