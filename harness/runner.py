@@ -555,14 +555,19 @@ def _constant_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str
     element it can judge agreeing there, the rest out of the precision domain), the cause is
     ``constant_factor`` with the factor and its meaning in the why, and the record's ``constant_factor``,
     ``constant_factor_cond_max``. The verdict stays divergent."""
-    out = outputs.get("output")
-    if out is None:
+    target = "final_state" if record.get("verdict_target") == "final_state" else "output"
+    out = outputs.get(target)
+    if out is None or target not in traces:
         return None
-    for factor, meaning in factors_to_try(problem, out, traces["output"].out, precision, convention):
-        cond_max, explained = _judge_at_factor(problem, outputs, traces, baselines, precision, options, factor)
+    for factor, meaning in factors_to_try(problem, out, traces[target].out, precision, convention):
+        cond_max, explained = _judge_at_factor(problem, outputs, traces, baselines, precision, options, factor,
+                                               target)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, cond_max
         if explained:
-            return factor_clause("output", factor, cond_max, meaning)
+            if target == "final_state":
+                meaning = meaning.replace("the scale dk**-0.5 applied twice",
+                                          "the scale dk**-0.5 folded into k, so the state carries it")
+            return factor_clause(target.replace("_", " "), factor, cond_max, meaning)
     return None
 
 
@@ -600,20 +605,23 @@ def factor_clause(what: str, factor: float, cond_max: float, meaning: str) -> st
 
 def _judge_at_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
                      baselines: dict[str, Any] | None, precision: str, options: RunOptions,
-                     factor: float) -> tuple[float, bool]:
-    """(cond_max, explained) of ``outputs`` against the oracle's output times ``factor``: explained when
-    equivalent, or when every element that can be judged agrees (the rest out of the precision domain)."""
+                     factor: float, target: str = "output") -> tuple[float, bool]:
+    """(cond_max, explained) of ``outputs`` against the oracle's ``target`` (the output, or a gated case's final
+    state) times ``factor``, the other target as it is: explained when equivalent, or when every element that
+    can be judged agrees (the rest out of the precision domain)."""
     from dataclasses import replace
 
-    trace = traces["output"]
-    scaled = dict(traces, output=replace(trace, out=trace.out * factor, magnitude=trace.magnitude * abs(factor),
-                                         growth=trace.growth * abs(factor)))
+    trace = traces[target]
+    scaled = dict(traces, **{target: replace(trace, out=trace.out * factor, magnitude=trace.magnitude * abs(factor),
+                                             growth=trace.growth * abs(factor))})
     base = baselines
-    if baselines is not None and baselines.get("output") is not None:
-        b = baselines["output"]
-        base = dict(baselines, output=(b.to(torch.float64) * factor).to(b.dtype))
-    div, judgement = _judge_outputs(problem, outputs, scaled, base, precision, options)
-    return div.cond_max, explains(judgement)
+    if baselines is not None and baselines.get(target) is not None:
+        b = baselines[target]
+        base = dict(baselines, **{target: (b.to(torch.float64) * factor).to(b.dtype)})
+    found: dict[str, Any] = {}
+    div, judgement = _judge_outputs(problem, outputs, scaled, base, precision, options, found)
+    cond = found.get("final_state_cond_max", div.cond_max) if target == "final_state" else div.cond_max
+    return cond, explains(judgement)
 
 
 #: The families whose convention carries a scale ``dk**-0.5`` on the query (`_known_factors`).

@@ -216,3 +216,28 @@ def test_a_normed_output_off_by_a_factor_names_the_norm_not_the_scale():
     assert record["verdict"] == "divergent" and record["cause"] == "constant_factor", record["why"]
     assert "the norm's mean square taken over dk" in record["why"], record["why"]
     assert "the scale dv**-0.5 where" not in record["why"]
+
+
+def _scale_folded_into_k(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    """A simple GLA whose ``scale`` is folded into k (``k * scale``, then the form without scale): the output is
+    right, the state and so the final state carry the scale."""
+    from harness.kernels import gated_forms as gf
+
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if initial_state is not None:
+        initial_state = initial_state * scale
+    return gf.simple_gla_chunk(q, k * scale, v, g, 1.0, initial_state, output_final_state, None, 16)
+
+
+def test_a_final_state_off_by_a_factor_is_named_as_the_output_would_be():
+    """Session 19's blind hunt: a final state exactly K**-0.5 times the oracle's (the scale folded into k) was a
+    plain kernel_bug; the factor check now looks at the target that failed."""
+    from harness.kernels.contract import Capabilities, KernelSpec
+
+    spec = KernelSpec(name="planted.scale_folded_into_k", family="simple_gla", load=lambda: _scale_folded_into_k,
+                      capabilities=Capabilities(dtypes=("float64",), final_state=True, scale=True), source="test")
+    record = run_case(spec, Problem("simple_gla", 20, dtype="float64", batch=1, heads=2, dk=16, dv=8, seed=3,
+                                    final_state=True), RunOptions())
+    assert record["verdict"] == "divergent" and record.get("verdict_target") == "final_state", record["why"]
+    assert record["cause"] == "constant_factor", record["why"]
+    assert "final state is 0.25 times" in record["why"] and "folded into k" in record["why"], record["why"]
