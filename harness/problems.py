@@ -20,6 +20,10 @@ without softplus the bias is drawn at the channel's step scale and taken out of 
 ``delta + delta_bias`` is the regime's positive step (with softplus the step is positive anyway).
 Growth belongs to ``unstable`` alone.
 - ``fast_decay``: decay factors well below 1 (a in (0, 0.5); delta*A in [-10, -1]).
+- ``large_dt`` (selective scan and SSD): steps of 20 to 60, with the softplus where the kernel takes the flag
+  (pre-activations where softplus is linear and a softplus written as ``log1p(exp(x))`` overflows float16 past
+  11), A in [-0.5, -0.05]: log-decays of -1 to -30 per step. Float64 cases keep the pre-activations out of
+  (20, 37), where torch's softplus (x itself above 20) and the exact one differ (`harness.families.ssd`).
 - ``large`` / ``tiny``: ``trained`` with the data (b, u, B, C, q, k, v; D by the square) scaled so that
   products of three factors sit near the dtype's largest / smallest normal value (max**(1/4),
   tiny**(1/4) each; max**(1/6) for retention_normed, whose norm squares its input).

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from harness.families.base import FamilyDef, randn, uniform
+from harness.families.ssd import SOFTPLUS_CONVENTIONS_AGREE, SOFTPLUS_SHIFT
 from harness.kernels.contract import Family
 
 _OPTIONAL = ("D", "z", "delta_bias")
@@ -18,7 +19,7 @@ class SelectiveScan(FamilyDef):
     linear_input = "u"
     option_keywords = (*_OPTIONAL, "delta_softplus")
     chunk_term = True
-    regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable")
+    regimes = ("trained", "long_memory", "fast_decay", "large", "tiny", "unstable", "large_dt")
     grad_inputs = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     length_axis = -1
     per_step_inputs = ("u", "delta", "B", "C", "z")
@@ -51,12 +52,20 @@ class SelectiveScan(FamilyDef):
             elif p.regime == "fast_decay":
                 dt = uniform((d, 1), gen, 0.5, 1.0)
                 A = -uniform((d, n), gen, 2.0, 10.0)
+            elif p.regime == "large_dt":
+                dt = uniform((d, 1), gen, 20.0, 60.0)
+                A = -uniform((d, n), gen, 0.05, 0.5)
             else:
                 dt = 10.0 ** uniform((d, 1), gen, -3.0, -1.0)
                 A = -torch.exp(torch.log(torch.arange(1, n + 1, dtype=torch.float64)) + 0.1 * randn((d, n), gen))
             if p.delta_softplus:
-                # raw pre-activation whose softplus is about dt: the kernel applies the softplus
-                delta = torch.log(torch.expm1(dt)) + 0.5 * randn((b, d, L), gen)
+                # raw pre-activation whose softplus is about dt (dt itself where softplus is linear, above 20):
+                # the kernel applies the softplus
+                raw = torch.where(dt > 20.0, dt, torch.log(torch.expm1(dt)))
+                delta = raw + 0.5 * randn((b, d, L), gen)
+                if p.dtype == "float64":  # out of the band where the two softplus conventions differ (ssd's)
+                    delta = torch.where((delta > 20.0) & (delta < SOFTPLUS_CONVENTIONS_AGREE), delta + SOFTPLUS_SHIFT,
+                                        delta)
             else:
                 delta = dt * torch.exp(0.5 * randn((b, d, L), gen))
         out = {"u": randn((b, d, L), gen) * s, "delta": delta, "A": A,
@@ -125,6 +134,8 @@ class SelectiveScan(FamilyDef):
     def element_bounds(self, p, name):
         unstable, softplus = p.regime == "unstable", p.delta_softplus
         if name == "delta":
+            if p.regime == "large_dt":
+                return (SOFTPLUS_CONVENTIONS_AGREE if p.dtype == "float64" else 20.0, 60.0)
             return (-2.0, 2.0) if unstable or softplus else (0.0, 1.0)
         if name == "A":
             return (-2.0, 2.0) if unstable else (-4.0, 0.0)
@@ -158,6 +169,8 @@ class SelectiveScan(FamilyDef):
                 fields[flag] = draw(st.booleans())
             if regime == "unstable":  # the seed's form: raw delta, no softplus
                 fields["delta_softplus"] = False
+            if regime == "large_dt":  # pre-activations where a softplus written as log1p(exp(x)) overflows
+                fields["delta_softplus"] = True
         return fields
 
 
