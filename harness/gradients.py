@@ -214,13 +214,6 @@ def _adjoint_trace(trace: Trace, ref: torch.Tensor) -> Trace:
                                chunk_growth=None if trace.chunk_growth is None else trace.chunk_growth * ADJOINT_SLACK)
 
 
-def _scaled(trace: Trace, factor: float) -> Trace:
-    """``trace`` of the gradient times ``factor`` (a backward on another scale, `_constant_factor`)."""
-    f = abs(factor)
-    return dataclasses.replace(trace, out=trace.out * factor, magnitude=trace.magnitude * f, growth=trace.growth * f,
-                               chunk_growth=None if trace.chunk_growth is None else trace.chunk_growth * f)
-
-
 def _domain_kind(div: Any, ref: torch.Tensor, precision: str) -> str:
     """`verdict.domain_kind` of a gradient: a gradient has no state or decays, so elements that leave the
     range where every exact value is within the dtype's max and the norm's backward in range are within
@@ -386,7 +379,7 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
         return
     for factor, meaning in factors_to_try(problem, actual, bound.out, precision, convention):
         low = None if baseline is None else (baseline.to(torch.float64) * factor).to(baseline.dtype)
-        div = measure(actual.detach(), _scaled(bound, factor), dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,
+        div = measure(actual.detach(), bound.scaled(factor), dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,
                       cond_threshold=options.policy.cond_threshold)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, div.cond_max
         if explains(judge(div, options.policy)):

@@ -609,11 +609,7 @@ def _judge_at_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str
     """(cond_max, explained) of ``outputs`` against the oracle's ``target`` (the output, or a gated case's final
     state) times ``factor``, the other target as it is: explained when equivalent, or when every element that
     can be judged agrees (the rest out of the precision domain)."""
-    from dataclasses import replace
-
-    trace = traces[target]
-    scaled = dict(traces, **{target: replace(trace, out=trace.out * factor, magnitude=trace.magnitude * abs(factor),
-                                             growth=trace.growth * abs(factor))})
+    scaled = dict(traces, **{target: traces[target].scaled(factor)})
     base = baselines
     if baselines is not None and baselines.get(target) is not None:
         b = baselines[target]

@@ -28,7 +28,7 @@ retention, the group norm's first-order sensitivity).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -44,3 +44,17 @@ class Trace:
     #: The part of ``growth`` that is a chunk form's term (None: the trace carries none), so that the term can be
     #: charged at another dtype's rounding than the rest (`harness.runner.chunk_term_at`).
     chunk_growth: torch.Tensor | None = None
+
+    def flipped(self, dim: int) -> "Trace":
+        """This trace with every field reversed along ``dim``: the trace of a recurrence run backwards (an
+        adjoint), put back in forward order; its running peaks then run over the later positions."""
+        return replace(self, **{f.name: getattr(self, f.name).flip(dim) for f in fields(self)
+                                if getattr(self, f.name) is not None})
+
+    def scaled(self, factor: float) -> "Trace":
+        """The trace of ``factor`` times this output: the output times it, its magnitude and rounding terms
+        times its absolute value (the bound scales with the value; the peaks stay the computation's)."""
+        f = abs(factor)
+        return replace(self, out=self.out * factor, magnitude=self.magnitude * f, growth=self.growth * f,
+                       chunk_growth=None if self.chunk_growth is None else self.chunk_growth * f)
+

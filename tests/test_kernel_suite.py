@@ -19,16 +19,12 @@ from harness.errors import DivergenceError
 from harness.kernels.gated_forms import DIVERGENT_BY_DESIGN
 from harness.kernels.registry import all_kernels
 from harness.project import current
+from tests.known_findings import FORWARD_FINDINGS
 
 # In-tree kernels divergent by design (gated_forms.DIVERGENT_BY_DESIGN): strict xfail, the search must find it.
 
-#: Third-party kernels with a finding the harness reports (documented in docs/adapters.md); not strict: whether
-#: the ci draws reach it depends on the options the search turns on.
-KNOWN_FINDINGS = {
-    "mamba_ssm.mamba_chunk_scan_combined.ieee": "mamba-ssm's Triton softplus is log(exp(dt) + 1), not log1p: "
-    "float32 relative error up to 0.17 for negative dt (tests/test_adapters.py)",
-    "mamba_ssm.selective_state_update": "the same softplus, in float32 with delta_softplus (tests/test_adapters.py)",
-}
+#: Third-party kernels with a finding the harness reports (`tests.known_findings`).
+KNOWN_FINDINGS = FORWARD_FINDINGS
 
 
 def _cases_dir() -> Path:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from harness.families.base import FamilyDef, randn, uniform
@@ -69,9 +67,7 @@ class LinearScan(FamilyDef):
 
         a, b = x["a"], x["b"]
         a_next = torch.cat([a[..., 1:], torch.zeros_like(a[..., :1])], dim=-1)
-        back = linear_recurrence_trace(a_next.flip(-1), cot.flip(-1))
-        lam = dataclasses.replace(back, **{f.name: getattr(back, f.name).flip(-1) for f in dataclasses.fields(back)
-                                           if getattr(back, f.name) is not None})
+        lam = linear_recurrence_trace(a_next.flip(-1), cot.flip(-1)).flipped(-1)
         made = {"b": lambda: lam}
         if "a" in names:
             fwd = linear_recurrence_trace(a, b)

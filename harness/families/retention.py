@@ -3,7 +3,6 @@ decay and scale from the kernel's `RetentionConvention` (RetNet's by default).""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -95,9 +94,7 @@ class Retention(FamilyDef):
         gamma, scale = self._convention(p, convention)
 
         def reversed_(a, b, c):
-            t = retention_trace(a.flip(1), b.flip(1), c.flip(1), gamma=gamma, scale=scale)
-            return dataclasses.replace(t, **{f.name: getattr(t, f.name).flip(1) for f in dataclasses.fields(t)
-                                             if getattr(t, f.name) is not None})
+            return retention_trace(a.flip(1), b.flip(1), c.flip(1), gamma=gamma, scale=scale).flipped(1)
 
         made = {"q": lambda: retention_trace(cot, x["v"], x["k"], gamma=gamma, scale=scale),
                 "k": lambda: reversed_(x["v"], cot, x["q"]),
