@@ -559,20 +559,17 @@ def _constant_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str
     out = outputs.get(target)
     if out is None or target not in traces:
         return None
-    for factor, meaning in factors_to_try(problem, out, traces[target].out, precision, convention):
+    for factor, meaning in factors_to_try(problem, out, traces[target].out, precision, convention, target):
         cond_max, explained = _judge_at_factor(problem, outputs, traces, baselines, precision, options, factor,
                                                target)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, cond_max
         if explained:
-            if target == "final_state":
-                meaning = meaning.replace("the scale dk**-0.5 applied twice",
-                                          "the scale dk**-0.5 folded into k, so the state carries it")
             return factor_clause(target.replace("_", " "), factor, cond_max, meaning)
     return None
 
 
 def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor, precision: str,
-                   convention: RetentionConvention = RETNET) -> list[tuple[float, str]]:
+                   convention: RetentionConvention = RETNET, target: str = "output") -> list[tuple[float, str]]:
     """The constant factors (with what each means) that ``actual`` may be ``exact`` times, in the order to
     try them: the usual ones within `FACTOR_NEAR` of the least-squares factor c, nearest first, then c
     itself; none when c is not finite, 0, or within `FACTOR_MIN_OFFSET` of 1, or with fewer than
@@ -588,7 +585,7 @@ def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor, 
     few = FACTOR_MIN_ELEMENTS_KNOWN if precision in ("float16", "bfloat16") else 1
     if not math.isfinite(c) or c == 0 or abs(c - 1) <= FACTOR_MIN_OFFSET or n < few:
         return []
-    known = _known_factors(problem, convention)
+    known = _known_factors(problem, convention, target)
     near = sorted((abs(f - c), i) for i, (f, _) in enumerate(known)
                   if abs(f - c) <= FACTOR_NEAR * abs(f))  # ties: the more specific meaning, listed first
     tries = [known[i] for _, i in near]
@@ -624,16 +621,22 @@ def _judge_at_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str
 _SCALED_FAMILIES = (Family.RETENTION, Family.RETENTION_NORMED, Family.SIMPLE_GLA, Family.GLA)
 
 
-def _known_factors(problem: Problem, convention: RetentionConvention = RETNET) -> list[tuple[float, str]]:
+def _known_factors(problem: Problem, convention: RetentionConvention = RETNET,
+                   target: str = "output") -> list[tuple[float, str]]:
     """The usual constant factors of a wrong output, signed, with what each means: a flipped sign; a scale
     from the wrong head dimension (left out, applied twice, ``dv**-0.5``) or a ``scale=`` passed and ignored;
     after the normed retention's RMS norm, which cancels a scale, the norm's own (its mean over dk, its sum
-    not divided by dv, divided twice); a one-head retention's gamma (the state decayed once too often)."""
+    not divided by dv, divided twice); a one-head retention's gamma (the state decayed once too often). For a
+    gated case's final state (``target``), which carries no scale, only the scale folded into k."""
     known: list[tuple[float, str]] = []
     if problem.family in _SCALED_FAMILIES:
         dk, dv = problem.dk, problem.dv
         given = problem.scale
-        if given:  # a case that passed scale= to a kernel that takes it (first: the more specific meaning)
+        if target == "final_state":  # the state carries no scale: one there was folded into k (or v)
+            used = given or dk ** -0.5
+            known.append((used, f"{'the scale=' + format(given, 'g') if given else 'the scale dk**-0.5'} folded "
+                                "into k, so the state carries it"))
+        elif given:  # a case that passed scale= to a kernel that takes it (first: the more specific meaning)
             known += [(dk ** -0.5 / given, f"dk**-0.5 / scale: the scale={given:g} passed was ignored (dk**-0.5 used)"),
                       (1 / given, f"1 / scale: the scale={given:g} passed was ignored (no scale used)")]
         # after an RMS norm a scale cancels (but where eps outweighs the mean square): there a factor is the norm's
@@ -645,9 +648,10 @@ def _known_factors(problem: Problem, convention: RetentionConvention = RETNET) -
         if normed:
             known += [(dv ** -0.5, "dv**-0.5: the norm's root of the sum of squares, not of their mean"),
                       (dv ** 0.5, "dv**0.5: the norm's mean square divided by dv twice")]
-        known += [(dk ** 0.5, f"dk**0.5: the scale dk**-0.5 left out{note}"),
-                  (dk ** -0.5, f"dk**-0.5: the scale dk**-0.5 applied twice{note}")]
-        if dk != dv and not normed:
+        if target != "final_state":
+            known += [(dk ** 0.5, f"dk**0.5: the scale dk**-0.5 left out{note}"),
+                      (dk ** -0.5, f"dk**-0.5: the scale dk**-0.5 applied twice{note}")]
+        if dk != dv and not normed and target != "final_state":
             known.append(((dk / dv) ** 0.5, "(dk / dv)**0.5: the scale dv**-0.5 where the family's is dk**-0.5"))
     if problem.family in (Family.RETENTION, Family.RETENTION_NORMED) and problem.heads == 1:
         known.append((float(convention.gammas(1)[0]), "gamma: the state decayed once more than the definition "
