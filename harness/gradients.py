@@ -6,7 +6,11 @@ each input's gradient is measured against float64 autograd through the oracle on
 inputs and cotangent (`reference_impls.autograd`: the oracles' definitions written out of place,
 checked equal to them), through the same `metrics.measure` and `verdict.judge` as outputs.
 
-Gradients have no conditioning companion of their own, so the bound is normwise: a gradient element
+Where a family's gradients are themselves instances of its oracle (retention's are retentions, the
+normed retention's are retentions of the norm's pullback, the linear scan's are scans run backwards:
+`FamilyDef.gradient_traces`), each gradient is judged on that computation's own componentwise trace
+(`_adjoint_trace`), as an output is. Elsewhere (the selective scan, the gated families) the bound is
+normwise: a gradient element
 is a sum of at most ``n`` terms, n the number of output elements (a parameter shared over time, batch
 and channels, such as A, B or D, sums that many), and a recursive sum of n terms errs by at most about
 ``n u sum|terms|`` (Higham's gamma_n). The trace handed to `measure` has ``growth = n * s`` with
@@ -14,10 +18,7 @@ and channels, such as A, B or D, sums that many), and a recursive sum of n terms
 conditioning companion (the sum of the absolute values of its terms, `Trace.magnitude`): the second
 term is the natural size of the terms of dy/dx (each product term of y is linear in each input, so
 ``|x| |d term/dx| = |term|``), so that a gradient that is exactly zero by cancellation still has a
-rounding scale. The magnitude, not ``|y|``, is what matters there: a norm over one element (dv = 1,
-eps = 0) has y = sign(o), an exact gradient of 0, and terms of size ``1/|o|`` that are large where o
-is small by cancellation; ``|y| = 1`` would miss them (a correct chunkwise kernel was called divergent
-at cond 1.01 in float64 that way). The same-dtype baseline (autograd through the same definitions run in the kernel's
+rounding scale. The same-dtype baseline (autograd through the same definitions run in the kernel's
 dtype) decides, as for outputs, whether a larger error is rounding the plain loop makes too.
 
 A case whose forward output is not equivalent is not differentiated: its forward record is returned
@@ -163,21 +164,6 @@ def natural_scale(cot_max: float, magnitude_max: float, x: torch.Tensor) -> torc
     return cot_max * magnitude_max / x.abs().clamp_min(floor)
 
 
-def term_scale(problem: Problem, x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...],
-               convention: RetentionConvention) -> dict[str, torch.Tensor] | None:
-    """Per element of each input: the sum of the absolute values of the terms of its gradient, where the
-    family's output is multilinear in its inputs (None for the selective scan, whose A enters through exp).
-
-    A multilinear function's terms are products; the sum of their absolute values is the same function
-    of the absolute inputs (and decays), pulled back along ``|cotangent|``. For the normed family the norm's
-    Jacobian ``d(o_j/r)/do_i = delta_ij / r - o_i o_j / (dv r^3)`` is bounded term by term, which gives the
-    cotangent ``|g_j| / r + |o_j| sum_i |g_i o_i| / (dv r^3)`` for the raw retention. This is what
-    cancellation leaves as rounding where an exact gradient is 0 (y = sign(o) at dv = 1, eps = 0: terms of
-    size ``|g| |q_6| |v| / r`` for an input k_6 = 0 beside q_6 = 3e9).
-    """
-    return problem.definition.term_scale(problem, x, cot, names, convention, _vjp)
-
-
 def _gradient_trace(ref: torch.Tensor, n_terms: int, natural: torch.Tensor,
                     norm_peak: torch.Tensor | None = None) -> Trace:
     """A trace for a gradient: the normwise bound of a sum of ``n_terms`` terms (see the module doc), and the
@@ -275,9 +261,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     if got is None:
         return []  # the output carries no gradient (a kernel without autograd): nothing to check
     x64 = {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
-    y_scale = float(reference_trace(problem, x64, spec.convention).magnitude.max())
     want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
-    terms = term_scale(problem, x64, g, names, spec.convention)
     peaks: list[dict[str, torch.Tensor]] = []  # the backward's range domain, formed at the first divergent gradient
     base = None
     if storage != "float64":
@@ -286,6 +270,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                     g.to(DTYPE_NAMES[storage]))
     adjoint = problem.definition.gradient_traces(problem, x64, g, names, spec.convention) or {}
     records, bound_of = [], {}
+    y_scale = None  # the forward's magnitude, for a normwise bound only
     out_shape = tuple(problem.definition.output_shape(problem))
     for name in names:
         ref = want[name]
@@ -298,9 +283,9 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         if adjoint.get(name) is not None:
             bound_of[name] = _adjoint_trace(adjoint[name], ref.detach())
         else:
+            if y_scale is None:
+                y_scale = float(reference_trace(problem, x64, spec.convention).magnitude.max())
             natural = natural_scale(float(g.abs().max()), y_scale, x64[name])
-            if terms is not None and terms.get(name) is not None:
-                natural = torch.maximum(natural, terms[name])
             bound_of[name] = _gradient_trace(ref.detach(), g.numel(), natural)
 
         def judged(norm_peak: torch.Tensor | None):

@@ -198,12 +198,6 @@ class FamilyDef:
         """What the baseline takes besides the call's arguments (a retention convention's decays, scale)."""
         return {}
 
-    def term_scale(self, p: "Problem", x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...],
-                   convention: RetentionConvention, vjp: Callable) -> dict[str, torch.Tensor] | None:
-        """Per element of each input: the sum of |terms| of its gradient where the output is multilinear
-        (`harness.gradients.term_scale`); None where it is not."""
-        return None
-
     def gradient_traces(self, p: "Problem", x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...],
                         convention: RetentionConvention) -> dict[str, "Trace"] | None:
         """Per input in ``names``: the oracle's trace of its gradient along ``cot``, where the family's gradients

@@ -49,12 +49,6 @@ class LinearScan(FamilyDef):
 
         return ad.linear_recurrence(x["a"], x["b"])
 
-    def term_scale(self, p, x, cot, names, convention, vjp):
-        from reference_impls import autograd as ad
-
-        ax = {k: v.abs() for k, v in x.items()}
-        return vjp(lambda v: ad.linear_recurrence(v["a"], v["b"]), ax, names, cot.abs())
-
     def gradient_traces(self, p, x, cot, names, convention):
         """The adjoint of ``h_t = a_t h_{t-1} + b_t`` along g is the same recurrence run backwards,
         ``lam_t = a_{t+1} lam_{t+1} + g_t`` (``lam`` past the end 0): ``db = lam`` has the oracle's trace of that

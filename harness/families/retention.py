@@ -63,20 +63,6 @@ class Retention(FamilyDef):
         gamma, scale = self._convention(p, convention)
         return {"gamma": gamma, "scale": scale}
 
-    def _term_cotangent(self, p, x, cot, convention) -> torch.Tensor:
-        return cot.abs()
-
-    def term_scale(self, p, x, cot, names, convention, vjp):
-        """Retention is multilinear in q, k, v: the sum of |terms| is retention of |q|, |k|, |v| with |decays|,
-        pulled back along |cotangent|."""
-        from reference_impls import autograd as ad
-
-        ax = {k: v.abs() for k, v in x.items()}
-        gamma = [abs(gm) for gm in convention.gammas(p.heads)]
-        scale = abs(convention.scale(p.dk))
-        c = self._term_cotangent(p, x, cot, convention)
-        return vjp(lambda v: ad.retention(v["q"], v["k"], v["v"], gamma, scale), ax, names, c)
-
     def gradient_traces(self, p, x, cot, names, convention):
         """Retention's gradients are retentions of the same decays and scale (the adjoint of a linear recurrence
         runs it backwards): with g the cotangent,
@@ -87,23 +73,31 @@ class Retention(FamilyDef):
 
         so each gradient has the oracle's own trace (`reference_impls.retention.retention_trace`): the bound a
         correct form of that retention may err by, its magnitude and the peaks of its state (the backward's
-        dS, which a correct backward forms), per element, as an output's. A time-reversed trace is flipped
-        back, so its peaks are running maxima over the later positions, which feed the gradient at s."""
-        from reference_impls.retention import retention_trace
-
+        dS, which a correct backward forms), per element, as an output's (`adjoint_trace`)."""
         gamma, scale = self._convention(p, convention)
-
-        def reversed_(a, b, c):
-            return retention_trace(a.flip(1), b.flip(1), c.flip(1), gamma=gamma, scale=scale).flipped(1)
-
-        made = {"q": lambda: retention_trace(cot, x["v"], x["k"], gamma=gamma, scale=scale),
-                "k": lambda: reversed_(x["v"], cot, x["q"]),
-                "v": lambda: reversed_(x["k"], x["q"], cot)}
-        return {name: made[name]() for name in names if name in made}
+        return {name: adjoint_trace(name, x, cot, gamma, scale) for name in names if name in ADJOINT_PLACES}
 
     def draw_fields(self, draw, caps, lim, regime, common):
         fields = draw_heads(draw, caps, lim)
         return fields
+
+
+#: Where the cotangent and the inputs go in the retention that forms each input's gradient, and whether it runs
+#: backwards in time (`Retention.gradient_traces`).
+ADJOINT_PLACES = {"q": (("cot", "v", "k"), False), "k": (("v", "cot", "q"), True), "v": (("k", "q", "cot"), True)}
+
+
+def adjoint_trace(name: str, x: dict[str, torch.Tensor], cot: torch.Tensor, gamma, scale: float):
+    """The oracle's trace of the retention that forms input ``name``'s gradient along ``cot`` (`ADJOINT_PLACES`);
+    a time-reversed one flipped back, so its peaks are running maxima over the later positions, which feed the
+    gradient at s."""
+    from reference_impls.retention import retention_trace
+
+    places, backwards = ADJOINT_PLACES[name]
+    args = [cot if place == "cot" else x[place] for place in places]
+    if not backwards:
+        return retention_trace(*args, gamma=gamma, scale=scale)
+    return retention_trace(*(a.flip(1) for a in args), gamma=gamma, scale=scale).flipped(1)
 
 
 FAMILY = Retention()

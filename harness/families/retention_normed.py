@@ -69,20 +69,48 @@ class RetentionNormed(Retention):
         return {name: (at_t if name == "q" else from_s).expand_as(x[name]) for name in names}
 
     def gradient_traces(self, p, x, cot, names, convention):
-        """None: through the norm the gradients are no longer retentions (`Retention.gradient_traces`); the
-        normwise bound applies (`harness.gradients`)."""
-        return None
+        """Through the norm the gradients are retentions again (`Retention.gradient_traces`), of the raw
+        retention's cotangent: the norm's Jacobian applied to g (`_raw_cotangent`),
 
-    def _term_cotangent(self, p, x, cot, convention) -> torch.Tensor:
-        """The norm's Jacobian ``d(o_j/r)/do_i = delta_ij / r - o_i o_j / (dv r^3)`` bounded term by term:
-        the cotangent ``|g_j| / r + |o_j| sum_i |g_i o_i| / (dv r^3)`` for the raw retention."""
-        from reference_impls import autograd as ad
+            g~ = (g - y mean(g y)) / r,    y = o / r,  r = sqrt(mean(o^2) + eps)   (means over dv),
 
-        c = cot.abs()
-        o = ad.retention(x["q"], x["k"], x["v"], list(convention.gammas(p.heads)), convention.scale(p.dk))
-        dv = o.shape[-1]
-        r = torch.sqrt((o * o).sum(-1, keepdim=True) / dv + p.eps)
-        return c / r + o.abs() * (c * o.abs()).sum(-1, keepdim=True) / (dv * r ** 3)
+        so each gradient's values and state peaks are the adjoint retention's of g~. Its bound is that
+        retention's rounding with g~ bounded term by term (``|g| / r + |y| mean|g y| / r``, the magnitude too),
+        plus what a backward's g~ may be off by, carried through the retention with absolute values:
+
+        - its own rounding: the dot product over dv and the few operations around it, and the norm's divisor
+          r formed from a sum of dv squares, at most ``(1.5 dv + 6)`` roundings of its terms;
+        - the forward's rounding of o (``u W``, W the raw retention's growth), through the Jacobian's
+          derivative (first order; e = W / r): ``(|s| e_i + |y_i| mean(|g| e) + (|g_i| + 3 |s| |y_i|) mean(|y| e)) / r``
+          with |s| <= mean|g y|, from ``dg~_i/do_k = (-s delta_ik - (y_i g_k + g_i y_k) / dv + 3 s y_i y_k / dv) / r^2``.
+
+        Until session 20 the normwise bound applied, which left no digit in float16 or bfloat16: every half-
+        precision gradient of a correct normed kernel was out_of_domain, whatever its backward did."""
+        from harness.families.retention import ADJOINT_PLACES, adjoint_trace
+        from reference_impls.retention import retention_trace
+        from reference_impls.trace import Trace
+
+        gamma, scale = self._convention(p, convention)
+        inner = retention_trace(x["q"], x["k"], x["v"], gamma=gamma, scale=scale)
+        raw, terms, r, y = _raw_cotangent(cot, inner.out, p.eps)
+        mean = lambda t: t.mean(-1, keepdim=True)  # noqa: E731 - over dv
+        dv = y.shape[-1]
+        g_abs, y_abs = cot.abs(), y.abs()
+        s_abs = mean((cot * y).abs())
+
+        def carried(e: torch.Tensor) -> torch.Tensor:  # how far an error of e r in o moves g~ (first order)
+            ye = mean(y_abs * e)
+            return (s_abs * e + y_abs * mean(g_abs * e) + (g_abs + 3 * s_abs * y_abs) * ye) / r
+
+        error = (1.5 * dv + 6) * terms + carried(inner.growth / r)
+        through = carried(inner.magnitude / r)  # the terms of o, each moved by its own rounding
+        traces = {}
+        for name in (n for n in names if n in ADJOINT_PLACES):
+            exact, bound = adjoint_trace(name, x, raw, gamma, scale), adjoint_trace(name, x, terms, gamma, scale)
+            off, spread = (adjoint_trace(name, x, t, gamma, scale).magnitude for t in (error, through))
+            traces[name] = Trace(out=exact.out, magnitude=bound.magnitude + spread, growth=bound.growth + off,
+                                 state_peak=exact.state_peak, decay_peak=exact.decay_peak)
+        return traces
 
     def draw_fields(self, draw, caps, lim, regime, common):
         from hypothesis import strategies as st
@@ -92,6 +120,16 @@ class RetentionNormed(Retention):
         fields = super().draw_fields(draw, caps, lim, regime, common)
         fields["eps"] = draw(st.sampled_from(caps.eps_values) if caps.eps_values else epsilons())
         return fields
+
+
+def _raw_cotangent(cot: torch.Tensor, o: torch.Tensor, eps: float):
+    """The RMS norm's pullback at the raw retention output ``o``: ``(g~, its terms bounded, r, y)`` with
+    ``g~ = (g - y mean(g y)) / r`` and the bound ``|g| / r + |y| mean|g y| / r`` (means over dv)."""
+    r = torch.sqrt((o * o).mean(-1, keepdim=True) + eps)
+    y = o / r
+    raw = (cot - y * (cot * y).mean(-1, keepdim=True)) / r
+    terms = (cot.abs() + y.abs() * (cot * y).abs().mean(-1, keepdim=True)) / r
+    return raw, terms, r, y
 
 
 FAMILY = RetentionNormed()
