@@ -310,8 +310,8 @@ def _check_ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, dt_softplus, initial_s
 # The one loop
 
 
-def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None, t0: int = 0,
-                t1: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None, t0: int = 0, t1: int | None = None, *,
+                whole: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(Lambda, chunk_start) of the steps ``t0 .. t1 - 1`` of the rows ``g_abs`` (batch, T, heads, Kg),
     where one sequence runs: the size of the within-chunk cumulative sums' error in units of u (float64;
     the random walk of the module docstring, at least the log-decay mass ``|g_c| + ... + |g_t|``) and
@@ -322,7 +322,8 @@ def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None, t0: int = 0,
     cumulative sums run over the earlier sequence's steps in the same chunk). The term bounds both:
     Lambda is the larger of the two blockings' random walks, and a step is a chunk's first in either blocking. For a
     sequence at ``t0 = 0`` the two are the same. Lambda comes from float64 running sums: good to far
-    better than the float32/16 roundings it scales."""
+    better than the float32/16 roundings it scales. ``whole``: every step carries its chunk's Lambda at the
+    chunk's last step (an adjoint's steps: `gla_adjoint_trace`)."""
     if chunk_size is None:
         return None
     t1 = g_abs.shape[1] if t1 is None else t1
@@ -339,7 +340,12 @@ def _chunk_mass(g_abs: torch.Tensor, chunk_size: int | None, t0: int = 0,
         x = torch.cat([x, x.new_zeros(x.shape[0], -n % chunk_size, *x.shape[2:])], dim=1)
         x = x.reshape(x.shape[0], -1, chunk_size, *x.shape[2:])
         mass = x.cumsum(2)
-        return (mass * mass).cumsum(2).sqrt().reshape(x.shape[0], -1, *x.shape[3:])[:, :n]
+        if whole:  # no mass at the padding, so a chunk's last entry is its last real step's
+            mass = mass * (torch.arange(x.shape[1] * chunk_size) < n).view(1, -1, chunk_size, *(1,) * (x.dim() - 3))
+        walk = (mass * mass).cumsum(2).sqrt()
+        if whole:
+            walk = walk[:, :, -1:].expand_as(walk)
+        return walk.reshape(x.shape[0], -1, *x.shape[3:])[:, :n]
 
     lam = torch.maximum(random_walk(t0), random_walk(t0 - t0 % chunk_size)[:, t0 % chunk_size:])
     return lam, (t == in_sequence) | (t == in_row)
@@ -539,16 +545,17 @@ def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_
     return torch.cat(outs), torch.cat(finals), trace
 
 
-def _run_fla(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None):
+def _run_fla(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None, chunks=None):
     """simple_gla/gla: cu_seqlens sequences are cut out of the single row and run as one row each
-    (their own initial states, their own chunks, one final-state row each)."""
+    (their own initial states, their own chunks, one final-state row each). ``chunks``: the chunk term's
+    `_chunk_mass` per sequence when the caller forms it (`gla_adjoint_trace`)."""
     if segments is None:
         return _gated(q, k, v, g, scale, h0, None, dtype=dtype, device=device, with_trace=with_trace,
-                      chunk_size=chunk_size)
+                      chunk_size=chunk_size, chunk=None if chunks is None else chunks[0])
     outs, finals, traces = [], [], []
     for i, (t0, t1) in enumerate(segments):
         start = None if h0 is None else h0[i:i + 1]
-        chunk = _chunk_mass(g.abs(), chunk_size, t0, t1) if with_trace else None
+        chunk = None if not with_trace else chunks[i] if chunks is not None else _chunk_mass(g.abs(), chunk_size, t0, t1)
         o, final, trace = _gated(q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], g[:, t0:t1], scale, start, None,
                                  dtype=dtype, device=device, with_trace=with_trace, chunk_size=chunk_size,
                                  chunk=chunk)
@@ -654,6 +661,53 @@ def gla_trace(
 ) -> GatedTrace:
     """`gla`'s float64 output and companions, as `simple_gla_trace`."""
     return _fla_trace(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size, per_key=True)
+
+
+def gla_adjoint_trace(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    g: torch.Tensor,
+    scale: float,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    chunk_size: int | None = None,
+    per_key: bool = False,
+) -> Trace:
+    """The trace, in forward time, of the gated recurrence an adjoint runs backwards (float64 CPU):
+
+        Z_t = diag(exp(g_{t+1})) Z_{t+1} + b_t^T c_t   (Z = 0 after each sequence's last step),   out_t = scale a_t Z_t
+
+    with g (batch, T, heads) or, ``per_key``, (batch, T, heads, K) gating the channels of b. Simple GLA's dk is
+    this with (a, b, c) = (v, cotangent, q) and its dv with (k, q, cotangent), GLA's dv too (`harness.families.
+    simple_gla`). It is `simple_gla_trace` / `gla_trace` of the time-reversed inputs with the decays one step
+    later, flipped back, except for the chunk term (``chunk_size``): a chunked backward forms its decays
+    ``exp(G_t - G_s)`` from the cumulative sums of its forward's chunks, which start at the chunks' first steps
+    in forward time, so every step of an adjoint is charged the mass of its whole forward chunk (of both
+    steps' decays, ``max(|g_t|, |g_{t+1}|)``), and the state passed back into a chunk the mass of the chunk
+    after it. A reversed blocking would charge a step near a chunk's end the few steps after it: a correct
+    chunked backward erred 5 times that at t = 156 of a 158-step chunk (strong decay, float64)."""
+    a, b, c, g4, scale_, _, _, segments = _check_gla(a, b, c, g, scale, None, False, cu_seqlens, per_key=per_key)
+    length = a.shape[1]
+    bounds = [(0, length)] if segments is None else segments
+    g_next = torch.zeros_like(g4)
+    for t0, t1 in bounds:
+        g_next[:, t0:t1 - 1] = g4[:, t0 + 1:t1]
+    chunks = None
+    if chunk_size is not None:
+        mass = torch.maximum(g4.abs(), g_next.abs())
+        chunks = []
+        for t0, t1 in reversed(bounds):
+            lam, first = _chunk_mass(mass, _chunk_size(chunk_size), t0, t1, whole=True)
+            last = torch.cat([first[1:], first.new_ones(1)])  # a forward chunk's last step starts a reversed one
+            chunks.append((lam.flip(1), last.flip(0)))
+    flipped = None if segments is None else [(length - t1, length - t0) for t0, t1 in reversed(bounds)]
+    _, _, trace = _run_fla(a.flip(1), b.flip(1), c.flip(1), g_next.flip(1), scale_, None, flipped,
+                           dtype=torch.float64, device="cpu", with_trace=True, chunk_size=chunk_size, chunks=chunks)
+    assert trace is not None
+    out = trace.out if chunks is None else replace(trace.out, growth=trace.out.growth + trace.chunk_growth,
+                                                    chunk_growth=trace.chunk_growth)
+    return out.flipped(1)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -231,3 +231,33 @@ def test_harness_list_says_which_regime_a_kernel_skips_and_why(capsys):
     assert main(["list", "--family", "ssd"]) == 0
     line = next(row for row in capsys.readouterr().out.splitlines() if "mamba_ssm.ssd_minimal_discrete" in row)
     assert "regime negative_steps: a negative step is used as given" in line
+
+
+def test_a_kernel_that_needs_even_head_dims_is_drawn_only_those():
+    """fla's chunk backward asserts even K and V in float16 and bfloat16 (`chunk_bwd_dv`); on a GPU its head dims are
+    tl.dot sizes, but the interpreter takes any, and the ci gradient calibration's float16 and bfloat16 searches drew
+    odd ones: 7 `kernel_error`s of fla.simple_gla.chunk's backward. A kernel declares the multiple
+    (`Capabilities.head_dim_multiple`); every draw keeps it, and the sizes still vary."""
+    from hypothesis import given, settings
+
+    from harness.kernels.contract import Capabilities, KernelSpec
+    from harness.kernels.sequential import sequential_simple_gla
+    from harness.strategies import problems
+
+    spec = KernelSpec(name="test.even_dims", family="simple_gla", load=lambda: sequential_simple_gla,
+                      capabilities=Capabilities(head_dim_multiple=2), source="test")
+    seen = set()
+
+    @settings(max_examples=60, derandomize=True, database=None, deadline=None)
+    @given(problems(spec, profile="ci", explicit=False))
+    def collect(problem):
+        seen.add((problem.dk, problem.dv))
+
+    collect()
+    assert all(dk % 2 == 0 and dv % 2 == 0 for dk, dv in seen), sorted(seen)
+    assert len({d for pair in seen for d in pair}) >= 4, sorted(seen)
+    with pytest.raises(InvalidArgument, match="head_dim_multiple=0"):
+        Capabilities(head_dim_multiple=0)
+    fla_chunk = {s.name: s for s in registry.all_kernels("simple_gla")}.get("fla.simple_gla.chunk")
+    if fla_chunk is not None and fla_chunk.capabilities.head_dims is None:  # fla registered, interpreted here
+        assert fla_chunk.capabilities.head_dim_multiple == 2

@@ -384,17 +384,27 @@ def _grad_of(problem: Problem, names: tuple[str, ...], g: torch.Tensor) -> dict[
     return dict(zip(names, torch.autograd.grad(out, [x[n] for n in names], g)))
 
 
-@pytest.mark.parametrize(("family", "names"), [("retention", ("q", "k", "v")), ("retention_normed", ("q", "k", "v")),
-                                              ("linear_scan", ("a", "b"))])
-def test_a_family_s_gradient_traces_are_its_gradients(family, names):
-    """`gradient_traces` claims that retention's and the linear scan's gradients are their own recurrences (run
-    backwards for k, v and b), and the normed retention's retentions of the norm's pullback: each trace's output
+@pytest.mark.parametrize(("family", "names", "fields"), [
+    ("retention", ("q", "k", "v"), {}),
+    ("retention_normed", ("q", "k", "v"), {"eps": 1e-5}),
+    ("linear_scan", ("a", "b"), {}),
+    ("simple_gla", ("q", "k", "v"), {}),
+    ("simple_gla", ("q", "k", "v"), {"has_initial_state": True, "scale": 0.25, "final_state": True}),
+    ("simple_gla", ("q", "k", "v"), {"batch": 1, "cu_seqlens": (0, 5, 6, 30, 37), "has_initial_state": True}),
+    ("gla", ("q", "k", "v"), {}),
+    ("gla", ("q", "k", "v"), {"batch": 1, "cu_seqlens": (0, 16, 37), "has_initial_state": True}),
+], ids=["retention", "retention_normed", "linear_scan", "simple_gla", "simple_gla-state-scale", "simple_gla-packed",
+        "gla", "gla-packed-state"])
+def test_a_family_s_gradient_traces_are_its_gradients(family, names, fields):
+    """`gradient_traces` claims that retention's, simple GLA's and the linear scan's gradients are their own
+    recurrences (run backwards for k, v and b, simple GLA's with its decays one step later in each packed
+    sequence), GLA's one simple GLA per key channel for dq and dk, and the normed retention's retentions of the norm's pullback: each trace's output
     is autograd's gradient through the oracle to float64 rounding, and its magnitude is at least the gradient's
     size (it bounds the sum of |terms|)."""
     from harness.kernels.contract import RetentionConvention
 
-    problem = Problem(family, 37, dtype="float64", batch=2, dim=3, heads=3, dk=5, dv=4, seed=11,
-                      eps=1e-5 if family == "retention_normed" else None)
+    problem = Problem(family, 37, dtype="float64", **{"batch": 2, "dim": 3, "heads": 3, "dk": 5, "dv": 4, "seed": 11,
+                                                      **fields})
     x = {k: v.to(torch.float64) for k, v in problem.make_inputs().items()}
     g = torch.randn(tuple(problem.definition.output_shape(problem)), generator=torch.Generator().manual_seed(3),
                     dtype=torch.float64)
@@ -411,22 +421,27 @@ def test_a_family_s_gradient_traces_are_its_gradients(family, names):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name", ["intree.retention_chunkwise", "intree.retention_parallel", "intree.blelloch_scan",
-                                  "intree.retention_normed_chunkwise", "intree.retention_normed_parallel"])
+                                  "intree.retention_normed_chunkwise", "intree.retention_normed_parallel",
+                                  "intree.simple_gla_chunk", "intree.gla_chunk"])
 def test_a_correct_kernel_s_half_precision_gradients_are_judged(name, dtype):
     """On the adjoint's own trace a correct kernel's half-precision gradients are compared and equivalent; with
     the normwise bound every one of them was `out_of_domain` (ci gradient calibration, session 18: 36 of 36
     float16 and 27 of 27 bfloat16 retention gradients; session 20, normed: 144 of 144 and 180 of 180). The
     scan's da, charged the terms a backward may cancel, may lose an element's digits (out_of_domain) but is
-    never divergent."""
+    never divergent; so are the gated families' g, which keep the normwise bound (session 20: simple GLA's and
+    GLA's q, k, v on their adjoints, all out_of_domain before)."""
     spec = get(name)
     family = spec.family.value
     problem = Problem(family, 100, dtype=dtype, batch=2, dim=4, heads=2, dk=16, dv=8, seed=5,
-                      chunk_size=16 if "chunkwise" in name else None, eps=1e-6 if family == "retention_normed" else None)
+                      chunk_size=16 if "chunk" in name else None, eps=1e-6 if family == "retention_normed" else None)
     records = gradient_case(spec, problem, RunOptions())
     assert records and all(r.get("mode") == "grad" for r in records), records[0]["why"]
     for r in records:
         if r["grad_of"] == "a":
             assert r["verdict"] != "divergent" and r["n_compared"] > 0.9 * r["n_elements"], (r["kernel"], r["why"])
+            continue
+        if r["grad_of"] == "g":
+            assert r["verdict"] != "divergent", (r["kernel"], r["why"])
             continue
         assert r["verdict"] == "equivalent" and r["n_compared"] == r["n_elements"], (r["kernel"], r["why"])
 
@@ -491,3 +506,43 @@ def test_a_backward_that_cancels_terms_is_judged_on_their_size_not_on_a_bound_of
             seen.append(record.get("grad_of"))
             assert record["verdict"] == "equivalent", (seed, record["kernel"], record["why"])
     assert seen.count("a") == 6
+
+
+class _NextHeadGatesBackward(torch.autograd.Function):
+    """Forward: the right simple GLA. Backward: each head's decays taken from the next head (a backward kernel
+    that indexes its gates by the wrong head), in float32 as fused kernels accumulate."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g):
+        from reference_impls import autograd as ad
+
+        ctx.save_for_backward(q, k, v, g)
+        with torch.no_grad():
+            return ad.simple_gla(*(t.double() for t in (q, k, v, g)))[0].to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, cot):
+        from reference_impls import autograd as ad
+
+        with torch.enable_grad():
+            x = [t.detach().float().requires_grad_() for t in ctx.saved_tensors]
+            out = ad.simple_gla(x[0], x[1], x[2], x[3].roll(1, dims=2))[0]
+            grads = torch.autograd.grad(out, x, cot.float())
+        return tuple(d.to(cot.dtype) for d in grads)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_wrong_gated_backward_is_found_on_the_adjoint_s_bound(dtype):
+    """Simple GLA's q, k, v gradients on their adjoints (`SimpleGLA.gradient_traces`): a backward with the next
+    head's gates is divergent in each of them in float16 (cond 2 to 7), where the normwise bound called every
+    half-precision gated gradient out_of_domain, and at L = 300 in float32 (cond 2e4), where it had them
+    equivalent (cond 0.6 to 0.9): only g's own normwise check found it there."""
+    spec = KernelSpec(name="planted.next_head_gates_backward", family="simple_gla",
+                      load=lambda: lambda q, k, v, g, **kw: _NextHeadGatesBackward.apply(q, k, v, g),
+                      capabilities=Capabilities(dtypes=(dtype,), autograd=True, initial_state=False, scale=False),
+                      source="test")
+    for seed, length in ((1, 64), (2, 300)):
+        records = {r.get("grad_of"): r for r in gradient_case(spec, Problem("simple_gla", length, dtype=dtype, batch=1,
+                                                                             heads=2, dk=8, dv=8, seed=seed))}
+        for name in ("q", "k", "v"):
+            assert records[name]["verdict"] == "divergent", (seed, name, records[name]["why"])

@@ -251,6 +251,7 @@ def draw_heads(draw, caps, lim) -> dict[str, int]:
         fields["dv"] = draw(st.sampled_from(caps.head_dims))
     else:
         top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
-        fields["dk"] = draw_size(draw, top_d, lim, caps.max_state)
-        fields["dv"] = draw_size(draw, top_d, lim, caps.max_state)
+        m = caps.head_dim_multiple  # rounded down to its multiple, at least one multiple
+        fields["dk"] = max(m, draw_size(draw, top_d, lim, caps.max_state) // m * m)
+        fields["dv"] = max(m, draw_size(draw, top_d, lim, caps.max_state) // m * m)
     return fields

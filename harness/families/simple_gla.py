@@ -29,6 +29,7 @@ cumulative sums loses is rounding of the algorithm, named by its size, not a bug
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -218,6 +219,50 @@ class SimpleGLA(StatefulFamily):
         cu = None if p.cu_seqlens is None else list(p.cu_seqlens)
         return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"), cu_seqlens=cu,
                   scale=p.scale)[0]
+
+    def gradient_traces(self, p, x, cot, names, convention):
+        """Simple GLA's gradients of q, k and v are simple GLAs of the same decays and scale, placed as
+        retention's (`harness.families.retention.ADJOINT_PLACES`; the scale passed, K**-0.5 of the forward's K
+        when none is): dq runs forwards from the transposed initial state; dk and dv run backwards,
+        ``dS_t = exp(g_{t+1}) dS_{t+1} + scale q_t^T g_t``, so their decays are shifted by one step within each
+        sequence (`reference_impls.gated_decay.gla_adjoint_trace`, which charges a chunked backward the chunk
+        term of its forward's chunks). Each has the oracle's own trace, the chunk term included for a chunked
+        kernel.
+
+        GLA's gates act on the key channel. Its dv is a GLA again (``GLA(q=k, k=q, v=g)`` backwards); dq and dk
+        hold the gated channel on their output's side, so each key channel i is a simple GLA of its own, with
+        that channel's decays: ``dq[..., i] = simple_gla(q=g, k=v, v=k[..., i])`` from row i of the initial state,
+        ``dk[..., i] = simple_gla(q=v, k=g, v=q[..., i])`` backwards (the channels run as heads). g and the
+        initial state keep the normwise bound."""
+        from harness.families.retention import ADJOINT_PLACES
+
+        scale = p.dk ** -0.5 if p.scale is None else p.scale
+        cuts = None if p.cu_seqlens is None else torch.tensor(p.cu_seqlens, dtype=torch.long)
+        g, h0 = x["g"], x.get("initial_state")
+
+        def run(args, gates, state, backwards: bool, per_key: bool):
+            if backwards:  # forms its own decays one step later, and its chunk term on the forward's chunks
+                return self._oracle("gla_adjoint_trace")(*args, gates, scale, cuts, chunk_size=p.chunk_size,
+                                                          per_key=per_key)
+            forwards = self._oracle("gla_trace" if per_key else "simple_gla_trace")
+            return self.targets(p, forwards(*args, gates, scale, initial_state=state, cu_seqlens=cuts,
+                                            chunk_size=p.chunk_size))["output"]
+
+        traces = {}
+        for name in (n for n in names if n in ADJOINT_PLACES):
+            places, backwards = ADJOINT_PLACES[name]
+            args = [cot if place == "cot" else x[place] for place in places]
+            if not self.per_key or name == "v":
+                traces[name] = run(args, g, None if h0 is None else h0.transpose(-1, -2), backwards, self.per_key)
+                continue
+            b, length, heads, keys = g.shape  # one simple GLA per (head, key channel)
+            wide = [a.unsqueeze(3).expand(-1, -1, -1, keys, -1).reshape(b, length, heads * keys, -1) for a in args[:2]]
+            state = None if h0 is None else h0.reshape(h0.shape[0], heads * keys, -1, 1)
+            t = run(wide + [args[2].reshape(b, length, heads * keys, 1)], g.reshape(b, length, heads * keys), state,
+                    backwards, False)
+            traces[name] = dataclasses.replace(t, **{f.name: getattr(t, f.name).reshape(b, length, heads, keys)
+                                                     for f in dataclasses.fields(t) if getattr(t, f.name) is not None})
+        return traces
 
     # ----------------------------------------------------------------------------- strategies
     def element_bounds(self, p, name):

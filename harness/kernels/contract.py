@@ -136,6 +136,9 @@ class Capabilities:
     selective_options: bool = True  # selective_scan: accepts D, z, delta_bias, delta_softplus
     max_state: int | None = None  # selective_scan: largest N; retention: largest dk/dv
     head_dims: tuple[int, ...] | None = None  # retention: allowed dk/dv values (None: any)
+    #: dk and dv are drawn as multiples of this (fla's chunk backward asserts even K and V in 16-bit dtypes, which a
+    #: GPU's tl.dot sizes always are and the interpreter's free sizes are not).
+    head_dim_multiple: int = 1
     unsupported: dict[str, str] = field(default_factory=dict)
     #: Input regimes the kernel is not defined on, with the reason; the strategies, sweeps and calibration do
     #: not draw them for it (mamba-ssm's PyTorch SSD references take a negative step as given, where its
@@ -215,11 +218,13 @@ class Capabilities:
             what = f"{bad!r} not known" if bad else "none given"
             raise InvalidArgument(f"Capabilities(dtypes={self.dtypes!r}): {what}; expected a tuple of names from "
                                   f"{list(ALL_DTYPES)}")
-        for name, least in (("square_matrices", 1), ("chunk_states", 0), ("chunk_pairs", 0)):
+        for name, least, what in (("square_matrices", 1, "how many such matrices the kernel holds at its peak"),
+                                  ("chunk_states", 0, "how many such matrices the kernel holds at its peak"),
+                                  ("chunk_pairs", 0, "how many such matrices the kernel holds at its peak"),
+                                  ("head_dim_multiple", 1, "the multiple every dk and dv is drawn as")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise InvalidArgument(f"Capabilities({name}={value!r}): expected an int >= {least} (how many such "
-                                      f"matrices the kernel holds at its peak)")
+                raise InvalidArgument(f"Capabilities({name}={value!r}): expected an int >= {least} ({what})")
         if not isinstance(self.skip_regimes, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in self.skip_regimes.items()):
             raise InvalidArgument(f"Capabilities(skip_regimes={self.skip_regimes!r}): expected a dict of regime name "

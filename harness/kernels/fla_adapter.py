@@ -91,6 +91,14 @@ _TF32 = ("fla's float32 tl.dot calls name no input_precision, so they run in TF3
 #: tl.dot needs every block dimension >= 16 when compiled for a GPU; the interpreter takes any size
 _DOT_HEAD_DIMS = None if triton_interpreter.runs_interpreted() else (16, 32, 64, 128)
 _CHUNK_SIZES = (16, 32, 64)  # powers of two (chunk_simple_gla checks), >= 16 for tl.dot
+#: The entry points whose backward is fla's ``chunk_bwd_dv``, which asserts even K and V for float16 and bfloat16
+#: ("Triton miscompiles masked K-tail iterations ... for 16-bit odd K/V", fla-core 0.6.0 ops/common/chunk_o.py):
+#: drawn with even head dims where the interpreter would take any (on a GPU they are tl.dot sizes).
+_EVEN_DIMS_BACKWARD = frozenset({"chunk_simple_gla", "chunk_retention"})
+
+
+def _head_dim_multiple(attr: str) -> int:
+    return 2 if _DOT_HEAD_DIMS is None and attr in _EVEN_DIMS_BACKWARD else 1
 
 
 def import_fla(module: str):
@@ -237,6 +245,7 @@ def _caps(entry: _Entry, *, ieee: bool = False) -> Capabilities:
         dtypes=dtypes,
         chunk_sizes=_CHUNK_SIZES if entry.chunked else None,
         head_dims=_DOT_HEAD_DIMS if entry.dots else None,
+        head_dim_multiple=_head_dim_multiple(entry.attr),
         # fla's Triton backward kernels, checked by harness.gradients; the .ieee twins' too, run in ieee like their
         # forward (triton_interpreter.call_in_dot_precision)
         autograd=True,
@@ -415,6 +424,7 @@ def _gated_caps(entry: _GatedEntry, *, ieee: bool = False) -> Capabilities:
         dtypes=("float32",) if ieee else ("float32", "float16", "bfloat16"),
         chunk_sizes=_CHUNK_SIZES if entry.chunked else (entry.fixed_chunk,) if entry.fixed_chunk else None,
         head_dims=_DOT_HEAD_DIMS if entry.triton and entry.dots else None,
+        head_dim_multiple=_head_dim_multiple(entry.attr) if entry.triton else 1,
         autograd=True,
         unsupported=unsupported,
         slow=entry.triton and triton_interpreter.runs_interpreted(),
