@@ -388,17 +388,19 @@ def _grad_of(problem: Problem, names: tuple[str, ...], g: torch.Tensor) -> dict[
     ("retention", ("q", "k", "v"), {}),
     ("retention_normed", ("q", "k", "v"), {"eps": 1e-5}),
     ("linear_scan", ("a", "b"), {}),
-    ("simple_gla", ("q", "k", "v"), {}),
-    ("simple_gla", ("q", "k", "v"), {"has_initial_state": True, "scale": 0.25, "final_state": True}),
-    ("simple_gla", ("q", "k", "v"), {"batch": 1, "cu_seqlens": (0, 5, 6, 30, 37), "has_initial_state": True}),
-    ("gla", ("q", "k", "v"), {}),
-    ("gla", ("q", "k", "v"), {"batch": 1, "cu_seqlens": (0, 16, 37), "has_initial_state": True}),
+    ("simple_gla", ("q", "k", "v", "g"), {}),
+    ("simple_gla", ("q", "k", "v", "g"), {"has_initial_state": True, "scale": 0.25, "final_state": True}),
+    ("simple_gla", ("q", "k", "v", "g"), {"batch": 1, "cu_seqlens": (0, 5, 6, 30, 37), "has_initial_state": True}),
+    ("simple_gla", ("g",), {"regime": "strong_decay", "chunk_size": 8}),
+    ("gla", ("q", "k", "v", "g"), {}),
+    ("gla", ("q", "k", "v", "g"), {"batch": 1, "cu_seqlens": (0, 16, 37), "has_initial_state": True}),
 ], ids=["retention", "retention_normed", "linear_scan", "simple_gla", "simple_gla-state-scale", "simple_gla-packed",
-        "gla", "gla-packed-state"])
+        "simple_gla-chunked-g", "gla", "gla-packed-state"])
 def test_a_family_s_gradient_traces_are_its_gradients(family, names, fields):
     """`gradient_traces` claims that retention's, simple GLA's and the linear scan's gradients are their own
     recurrences (run backwards for k, v and b, simple GLA's with its decays one step later in each packed
-    sequence), GLA's one simple GLA per key channel for dq and dk, and the normed retention's retentions of the norm's pullback: each trace's output
+    sequence), GLA's one simple GLA per key channel for dq and dk, the gates' the reversed sums of
+    q . dq - k . dk, and the normed retention's retentions of the norm's pullback: each trace's output
     is autograd's gradient through the oracle to float64 rounding, and its magnitude is at least the gradient's
     size (it bounds the sum of |terms|)."""
     from harness.kernels.contract import RetentionConvention
@@ -546,3 +548,41 @@ def test_a_wrong_gated_backward_is_found_on_the_adjoint_s_bound(dtype):
                                                                              heads=2, dk=8, dv=8, seed=seed))}
         for name in ("q", "k", "v"):
             assert records[name]["verdict"] == "divergent", (seed, name, records[name]["why"])
+
+
+class _GateGradientOffBackward(torch.autograd.Function):
+    """Forward and dq, dk, dv right; dg 5 % too large (a backward that sums its gates' reversed cumulative sum
+    one step too far at every position would be off by a similar few percent)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g):
+        from reference_impls import autograd as ad
+
+        ctx.save_for_backward(q, k, v, g)
+        with torch.no_grad():
+            return ad.simple_gla(*(t.double() for t in (q, k, v, g)))[0].to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, cot):
+        from reference_impls import autograd as ad
+
+        with torch.enable_grad():
+            x = [t.detach().double().requires_grad_() for t in ctx.saved_tensors]
+            grads = list(torch.autograd.grad(ad.simple_gla(*x)[0], x, cot.double()))
+        grads[3] = grads[3] * 1.05
+        return tuple(d.to(cot.dtype) for d in grads)
+
+
+def test_a_wrong_gate_gradient_is_found_in_float32():
+    """dg on its own bound (`SimpleGLA._gate_trace`: the reversed sums of q . dq - k . dk): 5 % off is divergent in
+    float32 (cond about 180), where the normwise bound had it equivalent (cond 0.02 to 0.08); q, k, v stay
+    equivalent."""
+    spec = KernelSpec(name="planted.gate_gradient_off", family="simple_gla",
+                      load=lambda: lambda q, k, v, g, **kw: _GateGradientOffBackward.apply(q, k, v, g),
+                      capabilities=Capabilities(dtypes=("float32",), autograd=True, initial_state=False, scale=False),
+                      source="test")
+    for seed, length in ((1, 64), (2, 300)):
+        records = {r.get("grad_of"): r for r in gradient_case(spec, Problem("simple_gla", length, dtype="float32",
+                                                                             batch=2, heads=2, dk=16, dv=16, seed=seed))}
+        assert records["g"]["verdict"] == "divergent", (seed, records["g"]["why"])
+        assert all(records[n]["verdict"] == "equivalent" for n in "qkv"), [records[n]["why"] for n in "qkv"]

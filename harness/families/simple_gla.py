@@ -232,8 +232,8 @@ class SimpleGLA(StatefulFamily):
         GLA's gates act on the key channel. Its dv is a GLA again (``GLA(q=k, k=q, v=g)`` backwards); dq and dk
         hold the gated channel on their output's side, so each key channel i is a simple GLA of its own, with
         that channel's decays: ``dq[..., i] = simple_gla(q=g, k=v, v=k[..., i])`` from row i of the initial state,
-        ``dk[..., i] = simple_gla(q=v, k=g, v=q[..., i])`` backwards (the channels run as heads). g and the
-        initial state keep the normwise bound."""
+        ``dk[..., i] = simple_gla(q=v, k=g, v=q[..., i])`` backwards (the channels run as heads). The gates'
+        gradient comes from dq's and dk's (`_gate_trace`); the initial state keeps the normwise bound."""
         from harness.families.retention import ADJOINT_PLACES
 
         scale = p.dk ** -0.5 if p.scale is None else p.scale
@@ -248,21 +248,55 @@ class SimpleGLA(StatefulFamily):
             return self.targets(p, forwards(*args, gates, scale, initial_state=state, cu_seqlens=cuts,
                                             chunk_size=p.chunk_size))["output"]
 
-        traces = {}
-        for name in (n for n in names if n in ADJOINT_PLACES):
+        def adjoint(name: str):
             places, backwards = ADJOINT_PLACES[name]
             args = [cot if place == "cot" else x[place] for place in places]
             if not self.per_key or name == "v":
-                traces[name] = run(args, g, None if h0 is None else h0.transpose(-1, -2), backwards, self.per_key)
-                continue
+                return run(args, g, None if h0 is None else h0.transpose(-1, -2), backwards, self.per_key)
             b, length, heads, keys = g.shape  # one simple GLA per (head, key channel)
             wide = [a.unsqueeze(3).expand(-1, -1, -1, keys, -1).reshape(b, length, heads * keys, -1) for a in args[:2]]
             state = None if h0 is None else h0.reshape(h0.shape[0], heads * keys, -1, 1)
             t = run(wide + [args[2].reshape(b, length, heads * keys, 1)], g.reshape(b, length, heads * keys), state,
                     backwards, False)
-            traces[name] = dataclasses.replace(t, **{f.name: getattr(t, f.name).reshape(b, length, heads, keys)
-                                                     for f in dataclasses.fields(t) if getattr(t, f.name) is not None})
+            return dataclasses.replace(t, **{f.name: getattr(t, f.name).reshape(b, length, heads, keys)
+                                             for f in dataclasses.fields(t) if getattr(t, f.name) is not None})
+
+        traces = {name: adjoint(name) for name in names if name in ADJOINT_PLACES}
+        if "g" in names:
+            dq, dk = (traces[n] if n in traces else adjoint(n) for n in ("q", "k"))
+            traces["g"] = self._gate_trace(p, x, dq, dk)
         return traces
+
+    def _gate_trace(self, p, x, dq, dk):
+        """dg from the traces of dq and dk: the gradient of a cumulative log-decay G_t is ``q_t . dq_t - k_t . dk_t``
+        (G_t scales every term of o_t and divides every term that k_t's state enters), so
+
+            dg_t = sum_{r >= t} (q_r . dq_r - k_r . dk_r)        (within t's sequence; per key channel for GLA)
+
+        the reversed cumulative sum fla's chunk backward forms. Its terms are bounded by the magnitudes of dq and
+        dk against |q| and |k| (also for a backward that forms ``exp(g_t) <S_{t-1}, dS_t>`` directly: each of its
+        terms is one of q_r . dq_r's), and it errs by the error of dq and dk against them, plus a sum of
+        (sequence's remaining steps + K) of those terms. The peaks are the larger of dq's and dk's from t on."""
+        from reference_impls.trace import Trace
+
+        gated = (lambda t: t) if self.per_key else (lambda t: t.sum(-1))  # noqa: E731 - per key channel, or over it
+        qa, ka = x["q"].abs(), x["k"].abs()
+        value = gated(x["q"] * dq.out - x["k"] * dk.out)
+        magnitude = gated(qa * dq.magnitude + ka * dk.magnitude)
+        growth = gated(qa * dq.growth + ka * dk.growth)
+        peaks = [torch.maximum(a, b) if self.per_key else torch.maximum(a, b).amax(-1)
+                 for a, b in ((dq.state_peak, dk.state_peak), (dq.decay_peak, dk.decay_peak))]
+        bounds = [0, p.length] if p.cu_seqlens is None else list(p.cu_seqlens)
+        fields = [torch.zeros_like(value) for _ in range(5)]
+        for a, b in zip(bounds, bounds[1:]):
+            for into, x_ in zip(fields, (value, magnitude, growth)):
+                into[:, a:b] = x_[:, a:b].flip(1).cumsum(1).flip(1)
+            for into, peak in zip(fields[3:], peaks):
+                into[:, a:b] = peak[:, a:b].flip(1).cummax(1).values.flip(1)
+            steps = torch.arange(b - a, 0, -1, dtype=value.dtype).view(1, -1, *(1,) * (value.dim() - 2))
+            fields[2][:, a:b] += (steps + p.dk) * fields[1][:, a:b]
+        out, mag, gro, state_peak, decay_peak = fields
+        return Trace(out=out, magnitude=mag, growth=gro, state_peak=state_peak, decay_peak=decay_peak)
 
     # ----------------------------------------------------------------------------- strategies
     def element_bounds(self, p, name):
