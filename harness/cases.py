@@ -289,6 +289,8 @@ def runnable(spec: KernelSpec, problem: Problem) -> bool:
         return False
     if problem.chunk_size is not None and caps.chunk_sizes and problem.chunk_size not in caps.chunk_sizes:
         return False  # a kernel that forms its own chunks (fla's fused_chunk: 64) runs only those
+    if problem.definition.draws_head_dims and any(caps.fit_head_dim(d) != d for d in (problem.dk, problem.dv)):
+        return False  # head dims it does not take (fla's tl.dot sizes; even ones for its chunk backward)
     return True
 
 

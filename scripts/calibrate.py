@@ -161,11 +161,10 @@ def _fit(problem, spec):
         changes["length"] = length
     if caps.takes_chunk and chunk != problem.chunk_size:
         changes["chunk_size"] = chunk
-    if caps.head_dims and problem.family.value.startswith("retention"):
-        if problem.dk not in caps.head_dims:
-            changes["dk"] = min(caps.head_dims, key=lambda d: abs(d - problem.dk))
-        if problem.dv not in caps.head_dims:
-            changes["dv"] = min(caps.head_dims, key=lambda d: abs(d - problem.dv))
+    if problem.definition.draws_head_dims:
+        for name in ("dk", "dv"):
+            if (fitted := caps.fit_head_dim(getattr(problem, name))) != getattr(problem, name):
+                changes[name] = fitted
     if caps.eps_values and problem.eps is not None and problem.eps not in caps.eps_values:
         changes["eps"] = caps.eps_values[0]
     return problem.replace(**changes) if changes else problem

@@ -258,6 +258,12 @@ def test_a_kernel_that_needs_even_head_dims_is_drawn_only_those():
     assert len({d for pair in seen for d in pair}) >= 4, sorted(seen)
     with pytest.raises(InvalidArgument, match="head_dim_multiple=0"):
         Capabilities(head_dim_multiple=0)
+    # a case drawn for another kernel (the calibration's, a saved one) is fitted to it, or not run on it
+    from harness.cases import runnable
+
+    odd = _problem("simple_gla", dk=5, dv=1)
+    assert not runnable(spec, odd) and runnable(spec, odd.replace(dk=4, dv=2))
+    assert [spec.capabilities.fit_head_dim(d) for d in (1, 2, 5, 33)] == [2, 2, 4, 32]
     fla_chunk = {s.name: s for s in registry.all_kernels("simple_gla")}.get("fla.simple_gla.chunk")
     if fla_chunk is not None and fla_chunk.capabilities.head_dims is None:  # fla registered, interpreted here
         assert fla_chunk.capabilities.head_dim_multiple == 2

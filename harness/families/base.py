@@ -198,6 +198,10 @@ class FamilyDef:
         """What the baseline takes besides the call's arguments (a retention convention's decays, scale)."""
         return {}
 
+    #: The problem's dk and dv are the kernel's head dims (drawn by `draw_heads`, within `Capabilities.head_dims`
+    #: and `Capabilities.head_dim_multiple`).
+    draws_head_dims: bool = False
+
     def gradient_traces(self, p: "Problem", x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...],
                         convention: RetentionConvention) -> dict[str, "Trace"] | None:
         """Per input in ``names``: the oracle's trace of its gradient along ``cot``, where the family's gradients
@@ -251,7 +255,6 @@ def draw_heads(draw, caps, lim) -> dict[str, int]:
         fields["dv"] = draw(st.sampled_from(caps.head_dims))
     else:
         top_d = min(lim.max_head_dim, caps.max_state or lim.max_head_dim)
-        m = caps.head_dim_multiple  # rounded down to its multiple, at least one multiple
-        fields["dk"] = max(m, draw_size(draw, top_d, lim, caps.max_state) // m * m)
-        fields["dv"] = max(m, draw_size(draw, top_d, lim, caps.max_state) // m * m)
+        fields["dk"] = caps.fit_head_dim(draw_size(draw, top_d, lim, caps.max_state))
+        fields["dv"] = caps.fit_head_dim(draw_size(draw, top_d, lim, caps.max_state))
     return fields

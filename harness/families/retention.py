@@ -22,6 +22,7 @@ class Retention(FamilyDef):
     per_step_inputs = ("q", "k", "v")
     uses_matmuls = True
     has_convention = True
+    draws_head_dims = True
 
     def shapes(self, p):
         b, L = p.batch, p.length

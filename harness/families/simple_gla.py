@@ -119,6 +119,7 @@ class SimpleGLA(StatefulFamily):
     per_step_inputs = ("q", "k", "v", "g")
     uses_matmuls = True
     targets_state = True
+    draws_head_dims = True
     #: g's trailing shape: () per head (simple_gla) or (K,) per key channel (gla).
     per_key = False
 

@@ -312,6 +312,14 @@ class Capabilities:
             return f"device {device} is not among the declared devices {list(self.devices)}"
         return None
 
+    def fit_head_dim(self, d: int) -> int:
+        """Head dim ``d`` (dk or dv) where the kernel takes it: the nearest of ``head_dims`` when it lists them,
+        else ``d`` rounded down to a multiple of ``head_dim_multiple`` (at least one multiple)."""
+        if self.head_dims:
+            return min(self.head_dims, key=lambda h: abs(h - d))
+        m = self.head_dim_multiple
+        return max(m, d // m * m)
+
     def accepts_length(self, length: int, chunk_size: int | None = None) -> bool:
         if length < self.min_length or (self.max_length is not None and length > self.max_length):
             return False
