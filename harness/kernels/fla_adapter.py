@@ -94,7 +94,7 @@ _CHUNK_SIZES = (16, 32, 64)  # powers of two (chunk_simple_gla checks), >= 16 fo
 #: The entry points whose backward is fla's ``chunk_bwd_dv``, which asserts even K and V for float16 and bfloat16
 #: ("Triton miscompiles masked K-tail iterations ... for 16-bit odd K/V", fla-core 0.6.0 ops/common/chunk_o.py):
 #: drawn with even head dims where the interpreter would take any (on a GPU they are tl.dot sizes), in every dtype
-#: (the head dims are drawn before the dtype is known to the fit): odd ones are left to the other fla forms.
+#: (one rule for the draws and for the cases run on them); odd ones are left to the other fla forms.
 _EVEN_DIMS_BACKWARD = frozenset({"chunk_simple_gla", "chunk_retention"})
 
 
