@@ -363,15 +363,19 @@ def test_a_gradient_within_its_bound_of_the_max_says_so_not_that_its_inputs_over
     kernel is finite, the values in range). Now: domain_cause ``near_overflow`` where that is what leaves
     the domain first, and the cause says so (it said ``input_overflow``, "the inputs overflow the dtype",
     in the findings); where the bound leaves no digit at all, ``precision_exhausted`` (the precision domain
-    of a gradient, `_gradient_trace`), and the why still claims no overflow of the inputs."""
-    p = Problem(family="gla", length=2, dtype="float16", batch=2, heads=3, dk=17, dv=12, regime="large", seed=5)
-    records = gradient_case(get("intree.gla_recurrent"), p, RunOptions())
+    of a gradient, `_gradient_trace`), and the why still claims no overflow of the inputs. (On GLA, where this was
+    found, the gradients have their adjoints' own bounds since session 20 and are judged; SSD's keep the normwise.)"""
+    p = Problem(family="ssd", length=2, dtype="float16", batch=2, heads=3, groups=1, state=16, regime="large", seed=5)
+    records = gradient_case(get("intree.ssd_recurrent"), p, RunOptions())
     left_out = [r for r in records if r["verdict"] == "out_of_domain"]
-    assert left_out, [(r["kernel"], r["verdict"]) for r in records]
+    assert any(r["cause"] == "near_overflow" for r in left_out), [(r["kernel"], r["verdict"]) for r in records]
     for r in left_out:
         assert r["domain_cause"] in ("near_overflow", "precision_exhausted"), (r["kernel"], r["why"])
         assert r["n_kernel_nonfinite"] == 0 and r["cause"] in ("near_overflow", "precision_exhausted"), r["cause"]
-        assert "within their error bound of its max" in r["why"] or "within its error bound of float16 max" in r["why"]
+        if r["cause"] == "near_overflow":
+            assert "within their error bound of its max" in r["why"] or "within its error bound of float16 max" in r["why"]
+        else:
+            assert "precision exhausted" in r["why"], r["why"]
         assert "non-finite" not in r["why"] and "overflow the dtype even in exact arithmetic" not in r["why"], r["why"]
 
 
