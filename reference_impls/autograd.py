@@ -109,6 +109,15 @@ def simple_gla(q, k, v, g, initial_state=None, cu_seqlens: Sequence[int] | None 
     return gla(q, k, v, g, initial_state, cu_seqlens, scale)
 
 
+def ssd_steps(dt, dt_bias=None, dt_softplus=False):
+    """SSD's steps as the recurrence takes them: the bias added, the softplus where asked, clamped at 0."""
+    if dt_bias is not None:
+        dt = dt + dt_bias
+    if dt_softplus:
+        dt = F.softplus(dt, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
+    return dt.clamp(min=0.0)
+
+
 def ssd(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, initial_states=None,
         cu_seqlens: Sequence[int] | None = None):
     """Mamba-2's SSD (mamba-ssm's layout; `reference_impls.gated_decay.ssd`) on the same loop as `gla`:
@@ -116,11 +125,7 @@ def ssd(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, initial
     the state h (P, N) = S^T; every row restarts from zeros at the ``cu_seqlens`` boundaries (seq_idx)."""
     batch, length, heads, _ = x.shape
     groups = B.shape[2]
-    if dt_bias is not None:
-        dt = dt + dt_bias
-    if dt_softplus:
-        dt = F.softplus(dt, beta=1.0, threshold=SOFTPLUS_THRESHOLD)
-    dt = dt.clamp(min=0.0)
+    dt = ssd_steps(dt, dt_bias, dt_softplus)
     g = (dt * A)[..., None]
     k = B.repeat_interleave(heads // groups, dim=2)
     q = C.repeat_interleave(heads // groups, dim=2)

@@ -398,8 +398,11 @@ def _grad_of(problem: Problem, names: tuple[str, ...], g: torch.Tensor) -> dict[
     ("simple_gla", ("g",), {"regime": "strong_decay", "chunk_size": 8}),
     ("gla", ("q", "k", "v", "g"), {}),
     ("gla", ("q", "k", "v", "g"), {"batch": 1, "cu_seqlens": (0, 16, 37), "has_initial_state": True}),
+    ("ssd", ("x", "B", "C"), {"heads": 4, "groups": 2, "state": 3, "has_D": True, "has_initial_state": True,
+                              "has_delta_bias": True, "delta_softplus": True}),
+    ("ssd", ("x", "B", "C"), {"heads": 3, "groups": 1, "state": 5, "regime": "strong_decay", "chunk_size": 8}),
 ], ids=["retention", "retention_normed", "linear_scan", "simple_gla", "simple_gla-state-scale", "simple_gla-packed",
-        "simple_gla-chunked-g", "gla", "gla-packed-state"])
+        "simple_gla-chunked-g", "gla", "gla-packed-state", "ssd-groups-options", "ssd-chunked"])
 def test_a_family_s_gradient_traces_are_its_gradients(family, names, fields):
     """`gradient_traces` claims that retention's, simple GLA's and the linear scan's gradients are their own
     recurrences (run backwards for k, v and b, simple GLA's with its decays one step later in each packed
@@ -428,25 +431,26 @@ def test_a_family_s_gradient_traces_are_its_gradients(family, names, fields):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name", ["intree.retention_chunkwise", "intree.retention_parallel", "intree.blelloch_scan",
                                   "intree.retention_normed_chunkwise", "intree.retention_normed_parallel",
-                                  "intree.simple_gla_chunk", "intree.gla_chunk"])
+                                  "intree.simple_gla_chunk", "intree.gla_chunk", "intree.ssd_chunk"])
 def test_a_correct_kernel_s_half_precision_gradients_are_judged(name, dtype):
     """On the adjoint's own trace a correct kernel's half-precision gradients are compared and equivalent; with
     the normwise bound every one of them was `out_of_domain` (ci gradient calibration, session 18: 36 of 36
     float16 and 27 of 27 bfloat16 retention gradients; session 20, normed: 144 of 144 and 180 of 180). The
     scan's da, charged the terms a backward may cancel, may lose an element's digits (out_of_domain) but is
-    never divergent; so are the gated families' g, which keep the normwise bound (session 20: simple GLA's and
-    GLA's q, k, v on their adjoints, all out_of_domain before)."""
+    never divergent; so are the gated families' g and SSD's dt and A (session 20: simple GLA's and GLA's q, k,
+    v, g and SSD's x, B, C on their adjoints, all out_of_domain before)."""
     spec = get(name)
     family = spec.family.value
     problem = Problem(family, 100, dtype=dtype, batch=2, dim=4, heads=2, dk=16, dv=8, seed=5,
-                      chunk_size=16 if "chunk" in name else None, eps=1e-6 if family == "retention_normed" else None)
+                      chunk_size=16 if "chunk" in name else None, eps=1e-6 if family == "retention_normed" else None,
+                      groups=1 if family == "ssd" else 0)
     records = gradient_case(spec, problem, RunOptions())
     assert records and all(r.get("mode") == "grad" for r in records), records[0]["why"]
     for r in records:
         if r["grad_of"] == "a":
             assert r["verdict"] != "divergent" and r["n_compared"] > 0.9 * r["n_elements"], (r["kernel"], r["why"])
             continue
-        if r["grad_of"] == "g":
+        if r["grad_of"] in ("g", "dt", "A"):
             assert r["verdict"] != "divergent", (r["kernel"], r["why"])
             continue
         assert r["verdict"] == "equivalent" and r["n_compared"] == r["n_elements"], (r["kernel"], r["why"])
@@ -590,3 +594,40 @@ def test_a_wrong_gate_gradient_is_found_in_float32():
                                                                              batch=2, heads=2, dk=16, dv=16, seed=seed))}
         assert records["g"]["verdict"] == "divergent", (seed, records["g"]["why"])
         assert all(records[n]["verdict"] == "equivalent" for n in "qkv"), [records[n]["why"] for n in "qkv"]
+
+
+class _SsdBGradientOffBackward(torch.autograd.Function):
+    """Forward right (no options); dB 5 % too large, the other gradients right."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C):
+        from reference_impls import autograd as ad
+
+        ctx.save_for_backward(x, dt, A, B, C)
+        with torch.no_grad():
+            return ad.ssd(*(t.double() for t in (x, dt, A, B, C))).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, cot):
+        from reference_impls import autograd as ad
+
+        with torch.enable_grad():
+            xs = [t.detach().double().requires_grad_() for t in ctx.saved_tensors]
+            grads = list(torch.autograd.grad(ad.ssd(*xs), xs, cot.double()))
+        grads[3] = grads[3] * 1.05
+        return tuple(d.to(cot.dtype) for d in grads)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_wrong_ssd_backward_is_found_on_the_adjoint_s_bound(dtype):
+    """SSD's x, B, C gradients on their adjoints (`SSD.gradient_traces`: simple GLA's, B and C summed over each
+    group's heads): dB off by 5 % is divergent in float32 (cond about 2e4) and float16 (about 2), x and C stay
+    equivalent; on the normwise bound every float16 SSD gradient was out_of_domain."""
+    spec = KernelSpec(name="planted.ssd_b_gradient_off", family="ssd",
+                      load=lambda: lambda x, dt, A, B, C, *a, **kw: _SsdBGradientOffBackward.apply(x, dt, A, B, C),
+                      capabilities=Capabilities(dtypes=(dtype,), autograd=True, selective_options=False), source="test")
+    for seed, length in ((1, 64), (2, 300)):
+        records = {r.get("grad_of"): r for r in gradient_case(spec, Problem("ssd", length, dtype=dtype, batch=1, heads=4,
+                                                                             groups=2, state=8, dv=8, seed=seed))}
+        assert records["B"]["verdict"] == "divergent", (seed, records["B"]["why"])
+        assert records["x"]["verdict"] == records["C"]["verdict"] == "equivalent", (records["x"]["why"], records["C"]["why"])

@@ -191,6 +191,50 @@ class SSD(StatefulFamily):
                       dt_softplus=p.delta_softplus, initial_states=x.get("initial_states"),
                       cu_seqlens=None if p.cu_seqlens is None else list(p.cu_seqlens))
 
+    def gradient_traces(self, p, x, cot, names, convention):
+        """SSD is simple GLA with ``q = C``, ``k = B`` (each head reading its group's), ``v = dt' x``, ``g = dt' A``
+        and scale 1 (`reference_impls.autograd.ssd`; dt' the steps after bias, softplus and clamp), plus ``D x``. So
+        dC and dB are simple GLA's dq and dk summed over each group's heads (the sum's roundings charged), and
+        ``dx = dt' dv + D g`` with dv simple GLA's (`SimpleGLA.gradient_traces`: the same placements, dk and dv
+        backwards with the decays one step later and the forward's chunks). With z (the output gated by silu(z)),
+        packed sequences (SSD's initial state starts only each row) or for dt, A, D, dt_bias and the initial
+        states, the normwise bound applies."""
+        if p.has_z or p.cu_seqlens is not None:
+            return None
+        from reference_impls import autograd as ad
+        from reference_impls.gated_decay import gla_adjoint_trace, simple_gla_trace
+        from reference_impls.trace import Trace
+
+        dt = ad.ssd_steps(x["dt"], x.get("dt_bias"), p.delta_softplus)
+        g, rep = dt * x["A"], p.heads // p.groups
+        b_, c_ = (x[n].repeat_interleave(rep, dim=2) for n in ("B", "C"))
+        v = dt[..., None] * x["x"]
+
+        def grouped(t: Trace) -> Trace:  # the heads of a group summed: their values, terms and roundings
+            def per(f, reduce="sum"):
+                f = f.reshape(*f.shape[:2], p.groups, rep, f.shape[-1])
+                return f.sum(3) if reduce == "sum" else f.amax(3)
+            mag = per(t.magnitude)
+            return Trace(out=per(t.out), magnitude=mag, growth=per(t.growth) + rep * mag,
+                         state_peak=per(t.state_peak, "max"), decay_peak=per(t.decay_peak, "max"))
+
+        traces = {}
+        if "C" in names:
+            forwards = simple_gla_trace(cot, v, b_, g, 1.0, initial_state=x.get("initial_states"),
+                                        chunk_size=p.chunk_size)
+            traces["C"] = grouped(self.targets(p, forwards)["output"])
+        if "B" in names:
+            traces["B"] = grouped(gla_adjoint_trace(v, cot, c_, g, 1.0, chunk_size=p.chunk_size))
+        if "x" in names:
+            dv = gla_adjoint_trace(b_, c_, cot, g, 1.0, chunk_size=p.chunk_size)
+            d = x["D"].view(-1, 1) if "D" in x else torch.zeros((), dtype=cot.dtype)
+            step = dt[..., None]
+            magnitude = step.abs() * dv.magnitude + (d * cot).abs()
+            traces["x"] = Trace(out=step * dv.out + d * cot, magnitude=magnitude,
+                                growth=step.abs() * dv.growth + (d * cot).abs() + 2 * magnitude,
+                                state_peak=dv.state_peak, decay_peak=dv.decay_peak)
+        return traces
+
     def element_bounds(self, p, name):
         s = self.data_scale(p.regime, p.scale_dtype)
         if name == "dt":
