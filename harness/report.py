@@ -500,11 +500,13 @@ def summary_markdown(records: Sequence[Mapping[str, Any]]) -> str:
             + SUMMARY_CAPTION)
 
 
-#: Under the summary table: which case its ``worst_*`` columns describe (a new user read them as the
-#: largest cond of the row, which the findings give).
-SUMMARY_CAPTION = ("_worst_*: each row's worst case, by verdict first and then cond_max (the output's, or the final "
-                   "state's where that is larger); an `out_of_domain` case outranks an equivalent one with a larger "
-                   "cond (the findings give each group's largest)._")
+#: Under the summary table: what its ``n`` counts and which case its ``worst_*`` columns describe (new users
+#: read the latter as the largest cond of the row, which the findings give, and an n above ``--max-examples``
+#: as cases run twice).
+SUMMARY_CAPTION = ("_n: the records of the row, the shrink phase's cases included (a search of `--max-examples` N "
+                   "that fails records more than N); worst_*: each row's worst case, by verdict first and then "
+                   "cond_max (the output's, or the final state's where that is larger); an `out_of_domain` case "
+                   "outranks an equivalent one with a larger cond (the findings give each group's largest)._")
 
 
 def run_summary_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any] | None = None) -> str:

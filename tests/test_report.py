@@ -273,7 +273,8 @@ def test_summary_markdown_is_a_github_table_worst_first():
     table = [line for line in lines if line.startswith("|")]
     assert table[0].startswith("| kernel") and set(table[1]) <= {"|", "-", " "}
     assert "| blelloch " in table[2] and "divergent" in table[2]
-    assert lines[-1].startswith("_worst_*: each row's worst case, by verdict first")
+    assert lines[-1].startswith("_n: the records of the row, the shrink phase's cases included")
+    assert "worst_*: each row's worst case, by verdict first" in lines[-1]
     assert summary_markdown([]) == "_No harness records._"
 
 
