@@ -518,27 +518,47 @@ def test_a_backward_that_cancels_terms_is_judged_on_their_size_not_on_a_bound_of
     assert seen.count("a") == 6
 
 
-class _NextHeadGatesBackward(torch.autograd.Function):
-    """Forward: the right simple GLA. Backward: each head's decays taken from the next head (a backward kernel
-    that indexes its gates by the wrong head), in float32 as fused kernels accumulate."""
+def _planted_backward(forward, backward):
+    """A kernel whose forward is ``forward`` in float64, cast back, and whose backward is ``backward(inputs, cot)``:
+    a planted backward bug beside a right forward."""
 
-    @staticmethod
-    def forward(ctx, q, k, v, g):
-        from reference_impls import autograd as ad
+    class Planted(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *xs):
+            ctx.save_for_backward(*xs)
+            with torch.no_grad():
+                return forward(*(t.double() for t in xs)).to(xs[0].dtype)
 
-        ctx.save_for_backward(q, k, v, g)
-        with torch.no_grad():
-            return ad.simple_gla(*(t.double() for t in (q, k, v, g)))[0].to(q.dtype)
+        @staticmethod
+        def backward(ctx, cot):
+            return tuple(d.to(cot.dtype) for d in backward(ctx.saved_tensors, cot))
 
-    @staticmethod
-    def backward(ctx, cot):
-        from reference_impls import autograd as ad
+    return Planted.apply
 
-        with torch.enable_grad():
-            x = [t.detach().float().requires_grad_() for t in ctx.saved_tensors]
-            out = ad.simple_gla(x[0], x[1], x[2], x[3].roll(1, dims=2))[0]
-            grads = torch.autograd.grad(out, x, cot.float())
-        return tuple(d.to(cot.dtype) for d in grads)
+
+def _autograd(fn, xs, cot, dtype, scaled: dict[int, float] | None = None):
+    """The gradients of ``fn`` at ``xs`` along ``cot``, taken in ``dtype``, input i's times ``scaled[i]``."""
+    with torch.enable_grad():
+        x = [t.detach().to(dtype).requires_grad_() for t in xs]
+        grads = list(torch.autograd.grad(fn(*x), x, cot.to(dtype)))
+    return [d * (scaled or {}).get(i, 1.0) for i, d in enumerate(grads)]
+
+
+def _simple_gla_out(q, k, v, g):
+    from reference_impls import autograd as ad
+
+    return ad.simple_gla(q, k, v, g)[0]
+
+
+#: Forward right; backward with each head's decays taken from the next head (a backward kernel that indexes its
+#: gates by the wrong head), in float32 as fused kernels accumulate.
+_next_head_gates_backward = _planted_backward(
+    _simple_gla_out, lambda xs, cot: _autograd(lambda q, k, v, g: _simple_gla_out(q, k, v, g.roll(1, dims=2)), xs, cot,
+                                               torch.float32))
+#: Forward and dq, dk, dv right; dg 5 % too large (a backward that sums its gates' reversed cumulative sum one step too
+#: far at every position is off by a similar few percent).
+_gate_gradient_off_backward = _planted_backward(
+    _simple_gla_out, lambda xs, cot: _autograd(_simple_gla_out, xs, cot, torch.float64, {3: 1.05}))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -548,7 +568,7 @@ def test_a_wrong_gated_backward_is_found_on_the_adjoint_s_bound(dtype):
     half-precision gated gradient out_of_domain, and at L = 300 in float32 (cond 2e4), where it had them
     equivalent (cond 0.6 to 0.9): only g's own normwise check found it there."""
     spec = KernelSpec(name="planted.next_head_gates_backward", family="simple_gla",
-                      load=lambda: lambda q, k, v, g, **kw: _NextHeadGatesBackward.apply(q, k, v, g),
+                      load=lambda: lambda q, k, v, g, **kw: _next_head_gates_backward(q, k, v, g),
                       capabilities=Capabilities(dtypes=(dtype,), autograd=True, initial_state=False, scale=False),
                       source="test")
     for seed, length in ((1, 64), (2, 300)):
@@ -558,35 +578,12 @@ def test_a_wrong_gated_backward_is_found_on_the_adjoint_s_bound(dtype):
             assert records[name]["verdict"] == "divergent", (seed, name, records[name]["why"])
 
 
-class _GateGradientOffBackward(torch.autograd.Function):
-    """Forward and dq, dk, dv right; dg 5 % too large (a backward that sums its gates' reversed cumulative sum
-    one step too far at every position would be off by a similar few percent)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g):
-        from reference_impls import autograd as ad
-
-        ctx.save_for_backward(q, k, v, g)
-        with torch.no_grad():
-            return ad.simple_gla(*(t.double() for t in (q, k, v, g)))[0].to(q.dtype)
-
-    @staticmethod
-    def backward(ctx, cot):
-        from reference_impls import autograd as ad
-
-        with torch.enable_grad():
-            x = [t.detach().double().requires_grad_() for t in ctx.saved_tensors]
-            grads = list(torch.autograd.grad(ad.simple_gla(*x)[0], x, cot.double()))
-        grads[3] = grads[3] * 1.05
-        return tuple(d.to(cot.dtype) for d in grads)
-
-
 def test_a_wrong_gate_gradient_is_found_in_float32():
     """dg on its own bound (`SimpleGLA._gate_trace`: the reversed sums of q . dq - k . dk): 5 % off is divergent in
     float32 (cond about 180), where the normwise bound had it equivalent (cond 0.02 to 0.08); q, k, v stay
     equivalent."""
     spec = KernelSpec(name="planted.gate_gradient_off", family="simple_gla",
-                      load=lambda: lambda q, k, v, g, **kw: _GateGradientOffBackward.apply(q, k, v, g),
+                      load=lambda: lambda q, k, v, g, **kw: _gate_gradient_off_backward(q, k, v, g),
                       capabilities=Capabilities(dtypes=("float32",), autograd=True, initial_state=False, scale=False),
                       source="test")
     for seed, length in ((1, 64), (2, 300)):
@@ -596,26 +593,15 @@ def test_a_wrong_gate_gradient_is_found_in_float32():
         assert all(records[n]["verdict"] == "equivalent" for n in "qkv"), [records[n]["why"] for n in "qkv"]
 
 
-class _SsdBGradientOffBackward(torch.autograd.Function):
-    """Forward right (no options); dB 5 % too large, the other gradients right."""
+def _ssd_out(x, dt, A, B, C):
+    from reference_impls import autograd as ad
 
-    @staticmethod
-    def forward(ctx, x, dt, A, B, C):
-        from reference_impls import autograd as ad
+    return ad.ssd(x, dt, A, B, C)
 
-        ctx.save_for_backward(x, dt, A, B, C)
-        with torch.no_grad():
-            return ad.ssd(*(t.double() for t in (x, dt, A, B, C))).to(x.dtype)
 
-    @staticmethod
-    def backward(ctx, cot):
-        from reference_impls import autograd as ad
-
-        with torch.enable_grad():
-            xs = [t.detach().double().requires_grad_() for t in ctx.saved_tensors]
-            grads = list(torch.autograd.grad(ad.ssd(*xs), xs, cot.double()))
-        grads[3] = grads[3] * 1.05
-        return tuple(d.to(cot.dtype) for d in grads)
+#: Forward right (no options); dB 5 % too large, the other gradients right.
+_ssd_b_gradient_off_backward = _planted_backward(
+    _ssd_out, lambda xs, cot: _autograd(_ssd_out, xs, cot, torch.float64, {3: 1.05}))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -624,7 +610,7 @@ def test_a_wrong_ssd_backward_is_found_on_the_adjoint_s_bound(dtype):
     group's heads): dB off by 5 % is divergent in float32 (cond about 2e4) and float16 (about 2), x and C stay
     equivalent; on the normwise bound every float16 SSD gradient was out_of_domain."""
     spec = KernelSpec(name="planted.ssd_b_gradient_off", family="ssd",
-                      load=lambda: lambda x, dt, A, B, C, *a, **kw: _SsdBGradientOffBackward.apply(x, dt, A, B, C),
+                      load=lambda: lambda x, dt, A, B, C, *a, **kw: _ssd_b_gradient_off_backward(x, dt, A, B, C),
                       capabilities=Capabilities(dtypes=(dtype,), autograd=True, selective_options=False), source="test")
     for seed, length in ((1, 64), (2, 300)):
         records = {r.get("grad_of"): r for r in gradient_case(spec, Problem("ssd", length, dtype=dtype, batch=1, heads=4,
