@@ -28,7 +28,8 @@ AUTOGRAD = [s for s in all_kernels() if s.capabilities.autograd]
 KNOWN_FINDINGS = {
     **FORWARD_FINDINGS,
     "mamba_ssm.ssd_chunk_scan_combined_ref": "mamba-ssm 2.3.2's pure-PyTorch SSD reference returns NaN in the "
-    "gradients of dt and A in float32 (positive dt, no options; e.g. L=64, chunk 8, seed 40)",
+    "gradients of dt and A in float32 (positive dt, no options; e.g. L=64, chunk 8, seed 40), and where its NaN "
+    "spreads in B and C (judged on their adjoints since session 20, divergent in half precision too)",
 }
 
 
