@@ -123,13 +123,26 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _live_helper_files() -> set[Path]:
+    """The pid files in `HELPERS` of processes still running, the others removed: a pid the system reuses would
+    otherwise find its file there from an earlier run and never look started (59 stale files in this machine's
+    /tmp after many sessions made one of two helpers look never started)."""
+    from tests.hostile.kernels import HELPERS
+
+    if not HELPERS.is_dir():
+        return set()
+    for stale in [p for p in HELPERS.iterdir() if not _running(int(p.name))]:
+        stale.unlink(missing_ok=True)
+    return set(HELPERS.iterdir())
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
 @pytest.mark.xdist_group("hostile_helpers")  # both count the pid files in HELPERS: never side by side
 def test_a_helper_process_the_kernel_started_does_not_outlive_its_worker(tmp_path):
     from harness.kernels import isolation
     from tests.hostile.kernels import HELPERS
 
-    before = set(HELPERS.iterdir()) if HELPERS.is_dir() else set()
+    before = _live_helper_files()
     stored = _between_correct_runs(tmp_path, "starts_helper")
     assert [r["verdict"] for r in stored] == ["equivalent"] * 5, [r.get("why") for r in stored]
     started = [int(p.name) for p in set(HELPERS.iterdir()) - before]
@@ -151,7 +164,7 @@ def test_an_idle_worker_that_will_not_exit_is_killed_with_what_it_started(tmp_pa
     from harness.kernels import isolation
     from tests.hostile.kernels import HELPERS
 
-    before = set(HELPERS.iterdir()) if HELPERS.is_dir() else set()
+    before = _live_helper_files()
     assert run_case(spec("keeps_a_child"), problem(), ISOLATED)["verdict"] == "equivalent"
     started = [int(p.name) for p in set(HELPERS.iterdir()) - before]
     assert len(started) == 1 and _running(started[0])
