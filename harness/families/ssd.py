@@ -195,7 +195,7 @@ class SSD(StatefulFamily):
         """SSD is simple GLA with ``q = C``, ``k = B`` (each head reading its group's), ``v = dt' x``, ``g = dt' A``
         and scale 1 (`reference_impls.autograd.ssd`; dt' the steps after bias, softplus and clamp), plus ``D x``. So
         dC and dB are simple GLA's dq and dk summed over each group's heads (the sum's roundings charged), and
-        ``dx = dt' dv + D g`` with dv simple GLA's (`SimpleGLA.gradient_traces`: the same placements, dk and dv
+        ``dx = dt' dv + D cot`` (cot the output's cotangent) with dv simple GLA's (`SimpleGLA.gradient_traces`: the same placements, dk and dv
         backwards with the decays one step later and the forward's chunks). With z (the output gated by silu(z)),
         packed sequences (SSD's initial state starts only each row) or for dt, A, D, dt_bias and the initial
         states, the normwise bound applies."""

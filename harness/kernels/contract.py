@@ -218,9 +218,8 @@ class Capabilities:
             what = f"{bad!r} not known" if bad else "none given"
             raise InvalidArgument(f"Capabilities(dtypes={self.dtypes!r}): {what}; expected a tuple of names from "
                                   f"{list(ALL_DTYPES)}")
-        for name, least, what in (("square_matrices", 1, "how many such matrices the kernel holds at its peak"),
-                                  ("chunk_states", 0, "how many such matrices the kernel holds at its peak"),
-                                  ("chunk_pairs", 0, "how many such matrices the kernel holds at its peak"),
+        held = "how many such matrices the kernel holds at its peak"
+        for name, least, what in (("square_matrices", 1, held), ("chunk_states", 0, held), ("chunk_pairs", 0, held),
                                   ("head_dim_multiple", 1, "the multiple every dk and dv is drawn as")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
