@@ -29,6 +29,7 @@ retention, the group norm's first-order sensitivity).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Callable
 
 import torch
 
@@ -48,8 +49,23 @@ class Trace:
     def flipped(self, dim: int) -> "Trace":
         """This trace with every field reversed along ``dim``: the trace of a recurrence run backwards (an
         adjoint), put back in forward order; its running peaks then run over the later positions."""
-        return replace(self, **{f.name: getattr(self, f.name).flip(dim) for f in fields(self)
+        return self.mapped(lambda field: field.flip(dim))
+
+    def mapped(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Trace":
+        """This trace with ``fn`` (a permutation, reshape or flip of the elements) applied to every field."""
+        return replace(self, **{f.name: fn(getattr(self, f.name)) for f in fields(self)
                                 if getattr(self, f.name) is not None})
+
+    def summed(self, dim: int) -> "Trace":
+        """The trace of this output summed along ``dim`` (a gradient of an input shared by several heads or
+        channels): values, magnitudes and rounding terms added, and the sum's own roundings, one per term, each
+        bounded by the sum's magnitude; the peaks the largest of the terms'."""
+        count = self.out.shape[dim]
+        magnitude = self.magnitude.sum(dim)
+        return Trace(out=self.out.sum(dim), magnitude=magnitude, growth=self.growth.sum(dim) + count * magnitude,
+                     state_peak=self.state_peak.amax(dim), decay_peak=self.decay_peak.amax(dim),
+                     norm_peak=None if self.norm_peak is None else self.norm_peak.amax(dim),
+                     chunk_growth=None if self.chunk_growth is None else self.chunk_growth.sum(dim))
 
     def scaled(self, factor: float) -> "Trace":
         """The trace of ``factor`` times this output: the output times it, its magnitude and rounding terms

@@ -131,6 +131,46 @@ class SelectiveScan(FamilyDef):
         return ad.selective_scan(x["u"], x["delta"], x["A"], x["B"], x["C"], D=x.get("D"), z=x.get("z"),
                                  delta_bias=x.get("delta_bias"), delta_softplus=p.delta_softplus)
 
+    def gradient_traces(self, p, x, cot, names, convention):
+        """The selective scan is GLA with one head per channel d: ``q = C`` and ``k = B`` (each channel reading its
+        group's), ``v = d' u`` (one value), the log-decay ``d' A`` per state entry n (the key channel) and scale 1,
+        plus ``D u``. So du, dB and dC are GLA's dv, dk and dq (`harness.families.simple_gla.gated_adjoints`: dv
+        one GLA backwards, dq and dk one simple GLA per state entry) with ``du = d' dv + D cot``
+        (`harness.families.ssd.stepped_input_trace`), dB and dC summed over each group's channels (over every
+        channel when B and C are ungrouped), each on its own componentwise trace. With z and for delta, A, D
+        and delta_bias the normwise bound applies."""
+        if p.has_z:
+            return None
+        from harness.families.simple_gla import gated_adjoints
+        from harness.families.ssd import SSD_ADJOINTS, stepped_input_trace
+        from reference_impls.selective_scan import delta_prime
+
+        ours = {"u": "x", "B": "B", "C": "C"}  # the selective scan's names for SSD's inputs
+        step = delta_prime(x["delta"], x.get("delta_bias"), p.delta_softplus).transpose(1, 2)[..., None]
+        per = p.dim // (p.groups or 1)  # channels per group
+
+        def channels(m):  # (batch, [G,] N, L) -> (batch, L, dim, N), each channel its group's
+            m = m if m.dim() == 4 else m[:, None]
+            return m.permute(0, 3, 1, 2).repeat_interleave(per, dim=2)
+
+        gated = {"q": channels(x["C"]), "k": channels(x["B"]), "v": step * x["u"].transpose(1, 2)[..., None],
+                 "g": step * x["A"]}
+        cot_ = cot.transpose(1, 2)[..., None]  # (batch, L, dim, 1)
+        wanted = tuple(SSD_ADJOINTS[ours[n]] for n in names if n in ours)
+        adjoints = gated_adjoints(gated, cot_, wanted, scale=1.0, chunk_size=p.chunk_size, cu_seqlens=None,
+                                  per_key=True)
+        traces = {}
+        for name in ("B", "C"):
+            if name in names:
+                t = adjoints[SSD_ADJOINTS[name]].mapped(lambda f: f.reshape(*f.shape[:2], -1, per, f.shape[-1]))
+                t = t.summed(3).mapped(lambda f: f.permute(0, 2, 3, 1))  # (batch, G, N, L)
+                traces[name] = t if p.groups else t.mapped(lambda f: f[:, 0])
+        if "u" in names:
+            direct = x["D"].view(1, 1, -1, 1) * cot_ if "D" in x else torch.zeros_like(cot_)
+            t = stepped_input_trace(adjoints["v"], step, direct)
+            traces["u"] = t.mapped(lambda f: f[..., 0].transpose(1, 2))
+        return traces
+
     def element_bounds(self, p, name):
         unstable, softplus = p.regime == "unstable", p.delta_softplus
         if name == "delta":

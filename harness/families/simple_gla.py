@@ -29,15 +29,17 @@ cumulative sums loses is rounding of the algorithm, named by its size, not a bug
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from harness.errors import InvalidArgument
 from harness.families.base import FamilyDef, draw_heads, randn, uniform
 from harness.kernels.contract import Family
+
+if TYPE_CHECKING:
+    from reference_impls.trace import Trace
 
 #: The log-decay ranges of hypothesis-drawn explicit values, per regime.
 G_BOUNDS = {"long_memory": (-0.01, 0.0), "strong_decay": (-30.0, 0.0), "mixed_heads": (-20.0, 0.0)}
@@ -235,38 +237,14 @@ class SimpleGLA(StatefulFamily):
         that channel's decays: ``dq[..., i] = simple_gla(q=g, k=v, v=k[..., i])`` from row i of the initial state,
         ``dk[..., i] = simple_gla(q=v, k=g, v=q[..., i])`` backwards (the channels run as heads). The gates'
         gradient comes from dq's and dk's (`_gate_trace`); the initial state keeps the normwise bound."""
-        from harness.families.retention import ADJOINT_PLACES
-
         scale = p.dk ** -0.5 if p.scale is None else p.scale
         cuts = None if p.cu_seqlens is None else torch.tensor(p.cu_seqlens, dtype=torch.long)
-        g, h0 = x["g"], x.get("initial_state")
-
-        def run(args, gates, state, backwards: bool, per_key: bool):
-            if backwards:  # forms its own decays one step later, and its chunk term on the forward's chunks
-                return self._oracle("gla_adjoint_trace")(*args, gates, scale, cuts, chunk_size=p.chunk_size,
-                                                          per_key=per_key)
-            forwards = self._oracle("gla_trace" if per_key else "simple_gla_trace")
-            return self.targets(p, forwards(*args, gates, scale, initial_state=state, cu_seqlens=cuts,
-                                            chunk_size=p.chunk_size))["output"]
-
-        def adjoint(name: str):
-            places, backwards = ADJOINT_PLACES[name]
-            args = [cot if place == "cot" else x[place] for place in places]
-            if not self.per_key or name == "v":
-                return run(args, g, None if h0 is None else h0.transpose(-1, -2), backwards, self.per_key)
-            b, length, heads, keys = g.shape  # one simple GLA per (head, key channel)
-            wide = [a.unsqueeze(3).expand(-1, -1, -1, keys, -1).reshape(b, length, heads * keys, -1) for a in args[:2]]
-            state = None if h0 is None else h0.reshape(h0.shape[0], heads * keys, -1, 1)
-            t = run(wide + [args[2].reshape(b, length, heads * keys, 1)], g.reshape(b, length, heads * keys), state,
-                    backwards, False)
-            return dataclasses.replace(t, **{f.name: getattr(t, f.name).reshape(b, length, heads, keys)
-                                             for f in dataclasses.fields(t) if getattr(t, f.name) is not None})
-
-        traces = {name: adjoint(name) for name in names if name in ADJOINT_PLACES}
+        wanted = tuple(n for n in names if n in "qkv") + (("q", "k") if "g" in names else ())
+        traces = gated_adjoints(x, cot, tuple(dict.fromkeys(wanted)), scale=scale, chunk_size=p.chunk_size,
+                                cu_seqlens=cuts, per_key=self.per_key)
         if "g" in names:
-            dq, dk = (traces[n] if n in traces else adjoint(n) for n in ("q", "k"))
-            traces["g"] = self._gate_trace(p, x, dq, dk)
-        return traces
+            traces["g"] = self._gate_trace(p, x, traces["q"], traces["k"])
+        return {name: traces[name] for name in names if name in traces}
 
     def _gate_trace(self, p, x, dq, dk):
         """dg from the traces of dq and dk: the gradient of a cumulative log-decay G_t is ``q_t . dq_t - k_t . dk_t``
@@ -316,6 +294,39 @@ class SimpleGLA(StatefulFamily):
         if caps.scale:  # a kernel that takes scale and ignores it, or applies it to one part only, shows here
             fields["scale"] = draw(st.sampled_from(SCALES))
         return fields
+
+
+def gated_adjoints(x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...], *, scale: float,
+                   chunk_size: int | None, cu_seqlens: torch.Tensor | None, per_key: bool) -> dict[str, Trace]:
+    """The traces of simple GLA's (``per_key``: GLA's) gradients of q, k, v in ``names`` along the output
+    cotangent ``cot``, each a gated recurrence of its own (`SimpleGLA.gradient_traces`), in fla's layout; the
+    selective scan's are GLA's with one head per channel (`harness.families.selective_scan`)."""
+    from harness.families.retention import ADJOINT_PLACES
+    from reference_impls import gated_decay
+
+    g, h0 = x["g"], x.get("initial_state")
+
+    def run(args, gates, state, backwards: bool, gated_keys: bool) -> Trace:
+        if backwards:  # forms its own decays one step later, and its chunk term on the forward's chunks
+            return gated_decay.gla_adjoint_trace(*args, gates, scale, cu_seqlens, chunk_size=chunk_size,
+                                                 per_key=gated_keys)
+        forwards = gated_decay.gla_trace if gated_keys else gated_decay.simple_gla_trace
+        t = forwards(*args, gates, scale, initial_state=state, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+        return (t if chunk_size is None else t.with_chunk_growth()).out
+
+    def adjoint(name: str) -> Trace:
+        places, backwards = ADJOINT_PLACES[name]
+        args = [cot if place == "cot" else x[place] for place in places]
+        if not per_key or name == "v":
+            return run(args, g, None if h0 is None else h0.transpose(-1, -2), backwards, per_key)
+        b, length, heads, keys = g.shape  # one simple GLA per (head, key channel)
+        wide = [a.unsqueeze(3).expand(-1, -1, -1, keys, -1).reshape(b, length, heads * keys, -1) for a in args[:2]]
+        state = None if h0 is None else h0.reshape(h0.shape[0], heads * keys, -1, 1)
+        t = run(wide + [args[2].reshape(b, length, heads * keys, 1)], g.reshape(b, length, heads * keys), state,
+                backwards, False)
+        return t.mapped(lambda field: field.reshape(b, length, heads, keys))
+
+    return {name: adjoint(name) for name in names if name in ADJOINT_PLACES}
 
 
 def draw_state_options(draw, caps, common) -> dict[str, Any]:

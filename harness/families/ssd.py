@@ -34,8 +34,9 @@ for the selective scan); with softplus dt is the pre-activation ``log(expm1(dt')
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,6 +44,9 @@ from harness.errors import InvalidArgument
 from harness.families.base import draw_size, randn, uniform
 from harness.families.simple_gla import StatefulFamily, check_decay_floor, decay_floor, draw_state_options
 from harness.kernels.contract import Family
+
+if TYPE_CHECKING:
+    from reference_impls.trace import Trace
 
 #: Above 20 torch's softplus returns x (as mamba-ssm's and fla's kernels do); the exact log1p(exp(x))
 #: differs from it by about exp(-x), more than float64's rounding of x until x is about 34 (at 20.5:
@@ -201,38 +205,25 @@ class SSD(StatefulFamily):
         states, the normwise bound applies."""
         if p.has_z or p.cu_seqlens is not None:
             return None
+        from harness.families.simple_gla import gated_adjoints
         from reference_impls import autograd as ad
-        from reference_impls.gated_decay import gla_adjoint_trace, simple_gla_trace
-        from reference_impls.trace import Trace
 
         dt = ad.ssd_steps(x["dt"], x.get("dt_bias"), p.delta_softplus)
-        g, rep = dt * x["A"], p.heads // p.groups
-        b_, c_ = (x[n].repeat_interleave(rep, dim=2) for n in ("B", "C"))
-        v = dt[..., None] * x["x"]
+        rep = p.heads // p.groups
+        gated = {"q": x["C"].repeat_interleave(rep, dim=2), "k": x["B"].repeat_interleave(rep, dim=2),
+                 "v": dt[..., None] * x["x"], "g": dt * x["A"]}
+        if "initial_states" in x:  # h (P, N) is the state S^T
+            gated["initial_state"] = x["initial_states"].transpose(-1, -2)
+        adjoints = gated_adjoints(gated, cot, tuple(SSD_ADJOINTS[n] for n in names if n in SSD_ADJOINTS), scale=1.0,
+                                  chunk_size=p.chunk_size, cu_seqlens=None, per_key=False)
 
-        def grouped(t: Trace) -> Trace:  # the heads of a group summed: their values, terms and roundings
-            def per(f, reduce="sum"):
-                f = f.reshape(*f.shape[:2], p.groups, rep, f.shape[-1])
-                return f.sum(3) if reduce == "sum" else f.amax(3)
-            mag = per(t.magnitude)
-            return Trace(out=per(t.out), magnitude=mag, growth=per(t.growth) + rep * mag,
-                         state_peak=per(t.state_peak, "max"), decay_peak=per(t.decay_peak, "max"))
+        def grouped(t):  # the heads of a group summed
+            return t.mapped(lambda f: f.reshape(*f.shape[:2], p.groups, rep, f.shape[-1])).summed(3)
 
-        traces = {}
-        if "C" in names:
-            forwards = simple_gla_trace(cot, v, b_, g, 1.0, initial_state=x.get("initial_states"),
-                                        chunk_size=p.chunk_size)
-            traces["C"] = grouped(self.targets(p, forwards)["output"])
-        if "B" in names:
-            traces["B"] = grouped(gla_adjoint_trace(v, cot, c_, g, 1.0, chunk_size=p.chunk_size))
+        traces = {name: grouped(adjoints[SSD_ADJOINTS[name]]) for name in ("B", "C") if name in names}
         if "x" in names:
-            dv = gla_adjoint_trace(b_, c_, cot, g, 1.0, chunk_size=p.chunk_size)
-            d = x["D"].view(-1, 1) if "D" in x else torch.zeros((), dtype=cot.dtype)
-            step = dt[..., None]
-            magnitude = step.abs() * dv.magnitude + (d * cot).abs()
-            traces["x"] = Trace(out=step * dv.out + d * cot, magnitude=magnitude,
-                                growth=step.abs() * dv.growth + (d * cot).abs() + 2 * magnitude,
-                                state_peak=dv.state_peak, decay_peak=dv.decay_peak)
+            direct = x["D"].view(-1, 1) * cot if "D" in x else torch.zeros_like(cot)
+            traces["x"] = stepped_input_trace(adjoints["v"], dt[..., None], direct)
         return traces
 
     def element_bounds(self, p, name):
@@ -278,6 +269,21 @@ class SSD(StatefulFamily):
         fields.update(draw_state_options(draw, caps, common))
         fields.pop("batch", None)  # seq_idx is per row: a packed batch keeps its rows
         return fields
+
+
+#: Which of simple GLA's gradients each SSD input's is (`SSD.gradient_traces`); the selective scan's alike.
+SSD_ADJOINTS = {"C": "q", "B": "k", "x": "v"}
+
+
+def stepped_input_trace(dv: "Trace", step: torch.Tensor, direct: torch.Tensor) -> "Trace":
+    """The trace of ``step * dv + direct``: the gradient of an input that enters a gated recurrence as
+    ``v = step * x`` and the output as ``direct`` (SSD's and the selective scan's ``D x``, ``direct = D cot``), from
+    dv's trace; the product, the sum and the step's own rounding (its bias add, softplus) charged at the
+    magnitude, two roundings."""
+    magnitude = step.abs() * dv.magnitude + direct.abs()
+    return dataclasses.replace(dv, out=step * dv.out + direct, magnitude=magnitude,
+                               growth=step.abs() * dv.growth + direct.abs() + 2 * magnitude,
+                               chunk_growth=None if dv.chunk_growth is None else step.abs() * dv.chunk_growth)
 
 
 FAMILY = SSD()
