@@ -64,6 +64,7 @@ DOMAIN_PHRASES: dict[str, str] = {
     "decay": "a product of decays exceeds the dtype's max",
     "norm": "the group norm's intermediates leave the dtype's range at some positions",
     "output": "the exact output exceeds the dtype's max",
+    "terms": "the sum of the terms' absolute values exceeds the dtype's max (the value is in range)",
     "near_overflow": "the output is within its error bound of the dtype's max",
     "oracle_nonfinite": "the float64 oracle itself is not finite",
 }

@@ -201,7 +201,7 @@ class Divergence:
     first_nonfinite_t: int | None = None  # first t where the kernel is NaN/Inf in domain
     n_expected_underflow: int = 0
     domain_onset_t: int | None = None  # first t with any element out of domain
-    domain_cause: str = "none"  # "state", "decay", "norm", "output", "near_overflow", "oracle_nonfinite",
+    domain_cause: str = "none"  # "state", "decay", "norm", "output", "terms", "near_overflow", "oracle_nonfinite",
     # "precision_exhausted", "loop_nonfinite" (the kernel and the same-dtype loop are both NaN/Inf)
     state_peak_max: float = math.nan
     decay_peak_max: float = math.nan
@@ -1095,6 +1095,7 @@ def _domain_cause(
     decay = ~(dp[:, onset].to(f64) <= limit)
     normed = ~(norm[:, onset].to(f64) <= limit) if norm is not None else torch.zeros_like(decay)
     output = ~(o.abs() <= limit)
+    terms = ~(mag[:, onset].to(f64) <= limit)  # the sum of |terms| a correct algorithm forms: its partial sums
     oracle = ~torch.isfinite(bound)
     # the value plus its bound passes the max (the domain's own test), or a non-finite kernel value next to it
     near = (o.abs() + bound > info.max_finite) | (~torch.isfinite(xc) & (o.abs() + thr * bound > info.max_finite))
@@ -1103,6 +1104,7 @@ def _domain_cause(
         ("decay", decay),
         ("norm", normed),
         ("output", output),
+        ("terms", terms),
         ("oracle_nonfinite", oracle),
         ("precision_exhausted", ~(rel < PRECISION_LIMIT)),
         ("near_overflow", near),

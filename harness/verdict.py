@@ -396,6 +396,8 @@ def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> st
                  f"({max_finite:.3g}; peak {_g(rec.norm_peak_max)}: outputs too small or too large to normalise "
                  f"in {name}, at those positions only)"),
         "output": f"the exact output exceeds {name} max ({max_finite:.3g})",
+        "terms": (f"the sum of its terms' absolute values exceeds {name} max ({max_finite:.3g}; the value itself is in "
+                  "range): a correct kernel's products or partial sums may overflow there"),
         "near_overflow": (f"the value is within its error bound of {name} max ({max_finite:.3g}): a correct kernel may "
                           "overflow there"),
         "oracle_nonfinite": "the oracle's output or error bound is not finite",
@@ -411,7 +413,7 @@ def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> st
         return (f"{ranged} element(s){where}{rows} have a rounding bound at least as large as "
                 f"the value itself in {name} (no significant digit is guaranteed; the kernel is non-finite "
                 "there, as a correct loop can be, e.g. a norm of a row rounded to zeros)")
-    if rec.domain_cause in ("loop_nonfinite", "near_overflow"):  # the exact values are in range
+    if rec.domain_cause in ("loop_nonfinite", "near_overflow", "terms"):  # the exact values are in range
         return f"{what}{where}{rows}"
     return f"{what}{where}{rows}, the inputs overflow the dtype even in exact arithmetic"
 

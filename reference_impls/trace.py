@@ -67,6 +67,34 @@ class Trace:
                      norm_peak=None if self.norm_peak is None else self.norm_peak.amax(dim),
                      chunk_growth=None if self.chunk_growth is None else self.chunk_growth.sum(dim))
 
+    def times(self, weight: torch.Tensor) -> "Trace":
+        """The trace of this output times ``weight`` (exact, broadcast): the product's rounding, one, charged at
+        its magnitude; the peaks stay the computation's."""
+        w = weight.abs()
+        magnitude = self.magnitude * w
+        return replace(self, out=self.out * weight, magnitude=magnitude, growth=self.growth * w + magnitude,
+                       chunk_growth=None if self.chunk_growth is None else self.chunk_growth * w)
+
+    def plus(self, other: "Trace") -> "Trace":
+        """The trace of the sum of two outputs of one shape: values, magnitudes and rounding terms added, the
+        add's own rounding charged at the sum's magnitude; the peaks the larger."""
+        magnitude = self.magnitude + other.magnitude
+        chunk = [t.chunk_growth for t in (self, other) if t.chunk_growth is not None]
+        return Trace(out=self.out + other.out, magnitude=magnitude, growth=self.growth + other.growth + magnitude,
+                     state_peak=torch.maximum(self.state_peak, other.state_peak),
+                     decay_peak=torch.maximum(self.decay_peak, other.decay_peak),
+                     norm_peak=None if self.norm_peak is None or other.norm_peak is None
+                     else torch.maximum(self.norm_peak, other.norm_peak),
+                     chunk_growth=sum(chunk) if chunk else None)
+
+    @classmethod
+    def of_product(cls, a: torch.Tensor, b: torch.Tensor) -> "Trace":
+        """The trace of ``a * b`` of exact inputs: one rounding; no state, no decays (the value its own peak)."""
+        out = a * b
+        magnitude = out.abs()
+        return cls(out=out, magnitude=magnitude, growth=magnitude, state_peak=magnitude,
+                   decay_peak=torch.zeros_like(out))
+
     def scaled(self, factor: float) -> "Trace":
         """The trace of ``factor`` times this output: the output times it, its magnitude and rounding terms
         times its absolute value (the bound scales with the value; the peaks stay the computation's)."""

@@ -133,19 +133,23 @@ class SelectiveScan(FamilyDef):
 
     def gradient_traces(self, p, x, cot, names, convention):
         """The selective scan is GLA with one head per channel d: ``q = C`` and ``k = B`` (each channel reading its
-        group's), ``v = d' u`` (one value), the log-decay ``d' A`` per state entry n (the key channel) and scale 1,
-        plus ``D u``. So du, dB and dC are GLA's dv, dk and dq (`harness.families.simple_gla.gated_adjoints`: dv
+        group's), ``v = d' u`` (one value), the log-decay ``g = d' A`` per state entry n (the key channel) and scale
+        1, plus ``D u``. So du, dB and dC are GLA's dv, dk and dq (`harness.families.simple_gla.gated_adjoints`: dv
         one GLA backwards, dq and dk one simple GLA per state entry) with ``du = d' dv + D cot``
         (`harness.families.ssd.stepped_input_trace`), dB and dC summed over each group's channels (over every
-        channel when B and C are ungrouped), each on its own componentwise trace. With z and for delta, A, D
-        and delta_bias the normwise bound applies."""
+        channel when B and C are ungrouped). delta's, delta_bias's and A's follow from GLA's dg
+        (`simple_gla.gate_adjoint`, the reversed sums of q dq - k dk per state entry) and dv
+        (`harness.families.ssd.step_adjoints`); dD is the sum over the batch and steps of u cot. With z the normwise
+        bound applies to every input."""
         if p.has_z:
             return None
-        from harness.families.simple_gla import gated_adjoints
-        from harness.families.ssd import SSD_ADJOINTS, stepped_input_trace
+        from harness.families.simple_gla import gate_adjoint, gated_adjoints
+        from harness.families.ssd import SSD_ADJOINTS, step_adjoints, stepped_input_trace
         from reference_impls.selective_scan import delta_prime
+        from reference_impls.trace import Trace
 
         ours = {"u": "x", "B": "B", "C": "C"}  # the selective scan's names for SSD's inputs
+        steps_wanted = bool({"delta", "A", "delta_bias"} & set(names))
         step = delta_prime(x["delta"], x.get("delta_bias"), p.delta_softplus).transpose(1, 2)[..., None]
         per = p.dim // (p.groups or 1)  # channels per group
 
@@ -153,12 +157,13 @@ class SelectiveScan(FamilyDef):
             m = m if m.dim() == 4 else m[:, None]
             return m.permute(0, 3, 1, 2).repeat_interleave(per, dim=2)
 
-        gated = {"q": channels(x["C"]), "k": channels(x["B"]), "v": step * x["u"].transpose(1, 2)[..., None],
-                 "g": step * x["A"]}
-        cot_ = cot.transpose(1, 2)[..., None]  # (batch, L, dim, 1)
-        wanted = tuple(SSD_ADJOINTS[ours[n]] for n in names if n in ours)
-        adjoints = gated_adjoints(gated, cot_, wanted, scale=1.0, chunk_size=p.chunk_size, cu_seqlens=None,
-                                  per_key=True)
+        u_ = x["u"].transpose(1, 2)[..., None]  # (batch, L, dim, 1), as cot_
+        gated = {"q": channels(x["C"]), "k": channels(x["B"]), "v": step * u_, "g": step * x["A"]}
+        cot_ = cot.transpose(1, 2)[..., None]
+        wanted = {SSD_ADJOINTS[ours[n]] for n in names if n in ours} | ({"q", "k", "v"} if steps_wanted else set())
+        adjoints = gated_adjoints(gated, cot_, tuple(sorted(wanted)), scale=1.0, chunk_size=p.chunk_size,
+                                  cu_seqlens=None, per_key=True)
+
         traces = {}
         for name in ("B", "C"):
             if name in names:
@@ -167,9 +172,18 @@ class SelectiveScan(FamilyDef):
                 traces[name] = t if p.groups else t.mapped(lambda f: f[:, 0])
         if "u" in names:
             direct = x["D"].view(1, 1, -1, 1) * cot_ if "D" in x else torch.zeros_like(cot_)
-            t = stepped_input_trace(adjoints["v"], step, direct)
-            traces["u"] = t.mapped(lambda f: f[..., 0].transpose(1, 2))
-        return traces
+            traces["u"] = stepped_input_trace(adjoints["v"], step, direct).mapped(lambda f: f[..., 0].transpose(1, 2))
+        if "D" in names:
+            traces["D"] = Trace.of_product(u_[..., 0], cot_[..., 0]).summed(1).summed(0)
+        if steps_wanted:
+            dg = gate_adjoint(gated["q"], gated["k"], adjoints["q"], adjoints["k"], bounds=[0, p.length],
+                              keys=p.state, per_key=True)  # (batch, L, dim, N)
+            pre = (x["delta"] if "delta_bias" not in x else x["delta"] + x["delta_bias"][:, None]).transpose(1, 2)
+            d_pre, d_a = step_adjoints(dg, x["A"], adjoints["v"], u_, step, pre, softplus=p.delta_softplus,
+                                       clamped=False)
+            traces.update({"A": d_a, "delta": d_pre.mapped(lambda f: f.transpose(1, 2)),
+                           "delta_bias": d_pre.summed(1).summed(0)})
+        return {name: t for name, t in traces.items() if name in names}
 
     def element_bounds(self, p, name):
         unstable, softplus = p.regime == "unstable", p.delta_softplus

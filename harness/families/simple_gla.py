@@ -247,35 +247,9 @@ class SimpleGLA(StatefulFamily):
         return {name: traces[name] for name in names if name in traces}
 
     def _gate_trace(self, p, x, dq, dk):
-        """dg from the traces of dq and dk: the gradient of a cumulative log-decay G_t is ``q_t . dq_t - k_t . dk_t``
-        (G_t scales every term of o_t and divides every term that k_t's state enters), so
-
-            dg_t = sum_{r >= t} (q_r . dq_r - k_r . dk_r)        (within t's sequence; per key channel for GLA)
-
-        the reversed cumulative sum fla's chunk backward forms. Its terms are bounded by the magnitudes of dq and
-        dk against |q| and |k| (also for a backward that forms ``exp(g_t) <S_{t-1}, dS_t>`` directly: each of its
-        terms is one of q_r . dq_r's), and it errs by the error of dq and dk against them, plus a sum of
-        (sequence's remaining steps + K) of those terms. The peaks are the larger of dq's and dk's from t on."""
-        from reference_impls.trace import Trace
-
-        gated = (lambda t: t) if self.per_key else (lambda t: t.sum(-1))  # noqa: E731 - per key channel, or over it
-        qa, ka = x["q"].abs(), x["k"].abs()
-        value = gated(x["q"] * dq.out - x["k"] * dk.out)
-        magnitude = gated(qa * dq.magnitude + ka * dk.magnitude)
-        growth = gated(qa * dq.growth + ka * dk.growth)
-        peaks = [torch.maximum(a, b) if self.per_key else torch.maximum(a, b).amax(-1)
-                 for a, b in ((dq.state_peak, dk.state_peak), (dq.decay_peak, dk.decay_peak))]
+        """dg from the traces of dq and dk (`gate_adjoint`), within each packed sequence."""
         bounds = [0, p.length] if p.cu_seqlens is None else list(p.cu_seqlens)
-        fields = [torch.zeros_like(value) for _ in range(5)]
-        for a, b in zip(bounds, bounds[1:]):
-            for into, x_ in zip(fields, (value, magnitude, growth)):
-                into[:, a:b] = x_[:, a:b].flip(1).cumsum(1).flip(1)
-            for into, peak in zip(fields[3:], peaks):
-                into[:, a:b] = peak[:, a:b].flip(1).cummax(1).values.flip(1)
-            steps = torch.arange(b - a, 0, -1, dtype=value.dtype).view(1, -1, *(1,) * (value.dim() - 2))
-            fields[2][:, a:b] += (steps + p.dk) * fields[1][:, a:b]
-        out, mag, gro, state_peak, decay_peak = fields
-        return Trace(out=out, magnitude=mag, growth=gro, state_peak=state_peak, decay_peak=decay_peak)
+        return gate_adjoint(x["q"], x["k"], dq, dk, bounds=bounds, keys=p.dk, per_key=self.per_key)
 
     # ----------------------------------------------------------------------------- strategies
     def element_bounds(self, p, name):
@@ -294,6 +268,38 @@ class SimpleGLA(StatefulFamily):
         if caps.scale:  # a kernel that takes scale and ignores it, or applies it to one part only, shows here
             fields["scale"] = draw(st.sampled_from(SCALES))
         return fields
+
+
+def gate_adjoint(q: torch.Tensor, k: torch.Tensor, dq: "Trace", dk: "Trace", *, bounds: list[int], keys: int,
+                 per_key: bool) -> "Trace":
+    """dg from the traces of dq and dk: the gradient of a cumulative log-decay G_t is ``q_t . dq_t - k_t . dk_t``
+    (G_t scales every term of o_t and divides every term that k_t's state enters), so
+
+        dg_t = sum_{r >= t} (q_r . dq_r - k_r . dk_r)        (within t's sequence; per key channel for GLA)
+
+    the reversed cumulative sum fla's chunk backward forms. Its terms are bounded by the magnitudes of dq and
+    dk against |q| and |k| (also for a backward that forms ``exp(g_t) <S_{t-1}, dS_t>`` directly: each of its
+    terms is one of q_r . dq_r's), and it errs by the error of dq and dk against them, plus a sum of
+    (sequence's remaining steps + K) of those terms. The peaks are the larger of dq's and dk's from t on."""
+    from reference_impls.trace import Trace
+
+    gated = (lambda t: t) if per_key else (lambda t: t.sum(-1))  # noqa: E731 - per key channel, or over it
+    qa, ka = q.abs(), k.abs()
+    value = gated(q * dq.out - k * dk.out)
+    magnitude = gated(qa * dq.magnitude + ka * dk.magnitude)
+    growth = gated(qa * dq.growth + ka * dk.growth)
+    peaks = [torch.maximum(a, b) if per_key else torch.maximum(a, b).amax(-1)
+             for a, b in ((dq.state_peak, dk.state_peak), (dq.decay_peak, dk.decay_peak))]
+    fields = [torch.zeros_like(value) for _ in range(5)]
+    for a, b in zip(bounds, bounds[1:]):
+        for into, x_ in zip(fields, (value, magnitude, growth)):
+            into[:, a:b] = x_[:, a:b].flip(1).cumsum(1).flip(1)
+        for into, peak in zip(fields[3:], peaks):
+            into[:, a:b] = peak[:, a:b].flip(1).cummax(1).values.flip(1)
+        steps = torch.arange(b - a, 0, -1, dtype=value.dtype).view(1, -1, *(1,) * (value.dim() - 2))
+        fields[2][:, a:b] += (steps + keys) * fields[1][:, a:b]
+    out, mag, gro, state_peak, decay_peak = fields
+    return Trace(out=out, magnitude=mag, growth=gro, state_peak=state_peak, decay_peak=decay_peak)
 
 
 def gated_adjoints(x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...], *, scale: float,

@@ -200,13 +200,15 @@ class SSD(StatefulFamily):
         and scale 1 (`reference_impls.autograd.ssd`; dt' the steps after bias, softplus and clamp), plus ``D x``. So
         dC and dB are simple GLA's dq and dk summed over each group's heads (the sum's roundings charged), and
         ``dx = dt' dv + D cot`` (cot the output's cotangent) with dv simple GLA's (`SimpleGLA.gradient_traces`: the same placements, dk and dv
-        backwards with the decays one step later and the forward's chunks). With z (the output gated by silu(z)),
-        packed sequences (SSD's initial state starts only each row) or for dt, A, D, dt_bias and the initial
-        states, the normwise bound applies."""
+        backwards with the decays one step later and the forward's chunks). dt's, dt_bias's and A's follow from
+        simple GLA's dg and dv (`step_adjoints`), dD is the sum of x cot. With z (the output gated by silu(z)),
+        packed sequences (SSD's initial state starts only each row) or for the initial states, the normwise bound
+        applies."""
         if p.has_z or p.cu_seqlens is not None:
             return None
-        from harness.families.simple_gla import gated_adjoints
+        from harness.families.simple_gla import gate_adjoint, gated_adjoints
         from reference_impls import autograd as ad
+        from reference_impls.trace import Trace
 
         dt = ad.ssd_steps(x["dt"], x.get("dt_bias"), p.delta_softplus)
         rep = p.heads // p.groups
@@ -214,8 +216,10 @@ class SSD(StatefulFamily):
                  "v": dt[..., None] * x["x"], "g": dt * x["A"]}
         if "initial_states" in x:  # h (P, N) is the state S^T
             gated["initial_state"] = x["initial_states"].transpose(-1, -2)
-        adjoints = gated_adjoints(gated, cot, tuple(SSD_ADJOINTS[n] for n in names if n in SSD_ADJOINTS), scale=1.0,
-                                  chunk_size=p.chunk_size, cu_seqlens=None, per_key=False)
+        steps_wanted = bool({"dt", "A", "dt_bias"} & set(names))
+        wanted = {SSD_ADJOINTS[n] for n in names if n in SSD_ADJOINTS} | ({"q", "k", "v"} if steps_wanted else set())
+        adjoints = gated_adjoints(gated, cot, tuple(sorted(wanted)), scale=1.0, chunk_size=p.chunk_size,
+                                  cu_seqlens=None, per_key=False)
 
         def grouped(t):  # the heads of a group summed
             return t.mapped(lambda f: f.reshape(*f.shape[:2], p.groups, rep, f.shape[-1])).summed(3)
@@ -224,7 +228,16 @@ class SSD(StatefulFamily):
         if "x" in names:
             direct = x["D"].view(-1, 1) * cot if "D" in x else torch.zeros_like(cot)
             traces["x"] = stepped_input_trace(adjoints["v"], dt[..., None], direct)
-        return traces
+        if "D" in names:
+            traces["D"] = Trace.of_product(x["x"], cot).summed(3).summed(1).summed(0)
+        if steps_wanted:
+            dg = gate_adjoint(gated["q"], gated["k"], adjoints["q"], adjoints["k"], bounds=[0, p.length],
+                              keys=p.state, per_key=False).mapped(lambda f: f[..., None])  # (batch, T, heads, 1)
+            pre = x["dt"] if "dt_bias" not in x else x["dt"] + x["dt_bias"]
+            d_pre, d_a = step_adjoints(dg, x["A"][:, None], adjoints["v"], x["x"], dt[..., None], pre,
+                                       softplus=p.delta_softplus, clamped=True)
+            traces.update({"A": d_a.mapped(lambda f: f[:, 0]), "dt": d_pre, "dt_bias": d_pre.summed(1).summed(0)})
+        return {name: t for name, t in traces.items() if name in names}
 
     def element_bounds(self, p, name):
         s = self.data_scale(p.regime, p.scale_dtype)
@@ -284,6 +297,29 @@ def stepped_input_trace(dv: "Trace", step: torch.Tensor, direct: torch.Tensor) -
     return dataclasses.replace(dv, out=step * dv.out + direct, magnitude=magnitude,
                                growth=step.abs() * dv.growth + direct.abs() + 2 * magnitude,
                                chunk_growth=None if dv.chunk_growth is None else step.abs() * dv.chunk_growth)
+
+
+def step_adjoints(dg: "Trace", A: torch.Tensor, dv: "Trace", x: torch.Tensor, step: torch.Tensor,
+                  pre: torch.Tensor, *, softplus: bool, clamped: bool) -> tuple["Trace", "Trace"]:
+    """The traces of the gradients of the steps' pre-activations and of A, from the log-decay's (``g = step A``,
+    dg (batch, T, heads, n) with A (heads, n): n the selective scan's state entries, 1 for SSD's one decay per
+    head) and the value's (``v = step x``, dv and x (batch, T, heads, P)); ``step`` (batch, T, heads, 1) is the
+    step the recurrence took from ``pre`` (the step plus bias), through the softplus where asked:
+
+        dstep = sum_n A_n dg_n + sum_p x_p dv_p,   dpre = dstep softplus'(pre),   dA_n = sum_{batch, T} step dg_n
+
+    (softplus' = sigmoid below the threshold, 1 above; where ``clamped``, SSD's clamp of the steps at 0, 0 for a
+    negative pre-activation without softplus). Each product and
+    sum is charged its rounding (`reference_impls.trace.Trace.times`, ``plus``, ``summed``). Returns (dpre
+    (batch, T, heads), dA (heads, n)); the bias's gradient is dpre summed over the batch and T."""
+    from reference_impls.selective_scan import SOFTPLUS_THRESHOLD
+
+    d_step = dg.times(A).summed(3).plus(dv.times(x).summed(3))
+    if softplus:  # positive: a clamp at 0 passes it
+        slope = torch.where(pre > SOFTPLUS_THRESHOLD, torch.ones_like(pre), torch.sigmoid(pre))
+    else:
+        slope = (pre >= 0).to(pre.dtype) if clamped else torch.ones_like(pre)
+    return d_step.times(slope), dg.times(step).summed(1).summed(0)
 
 
 FAMILY = SSD()
