@@ -139,12 +139,10 @@ class SelectiveScan(FamilyDef):
         (`harness.families.ssd.stepped_input_trace`), dB and dC summed over each group's channels (over every
         channel when B and C are ungrouped). delta's, delta_bias's and A's follow from GLA's dg
         (`simple_gla.gate_adjoint`, the reversed sums of q dq - k dk per state entry) and dv
-        (`harness.families.ssd.step_adjoints`); dD is the sum over the batch and steps of u cot. With z the normwise
-        bound applies to every input."""
-        if p.has_z:
-            return None
+        (`harness.families.ssd.step_adjoints`); dD is the sum over the batch and steps of u cot. An output gated by
+        silu(z) passes its cotangent through the gate first (`harness.families.ssd.gate_pullback`, which gives dz)."""
         from harness.families.simple_gla import gate_adjoint, gated_adjoints
-        from harness.families.ssd import SSD_ADJOINTS, step_adjoints, stepped_input_trace
+        from harness.families.ssd import SSD_ADJOINTS, gate_pullback, step_adjoints, stepped_input_trace
         from reference_impls.selective_scan import delta_prime
         from reference_impls.trace import Trace
 
@@ -157,14 +155,15 @@ class SelectiveScan(FamilyDef):
             m = m if m.dim() == 4 else m[:, None]
             return m.permute(0, 3, 1, 2).repeat_interleave(per, dim=2)
 
+        traces = {}
+        if p.has_z:
+            cot, traces["z"] = gate_pullback(self, p, x, cot, convention, "z" in names)
         u_ = x["u"].transpose(1, 2)[..., None]  # (batch, L, dim, 1), as cot_
         gated = {"q": channels(x["C"]), "k": channels(x["B"]), "v": step * u_, "g": step * x["A"]}
         cot_ = cot.transpose(1, 2)[..., None]
         wanted = {SSD_ADJOINTS[ours[n]] for n in names if n in ours} | ({"q", "k", "v"} if steps_wanted else set())
         adjoints = gated_adjoints(gated, cot_, tuple(sorted(wanted)), scale=1.0, chunk_size=p.chunk_size,
                                   cu_seqlens=None, per_key=True)
-
-        traces = {}
         for name in ("B", "C"):
             if name in names:
                 t = adjoints[SSD_ADJOINTS[name]].mapped(lambda f: f.reshape(*f.shape[:2], -1, per, f.shape[-1]))

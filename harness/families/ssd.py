@@ -201,15 +201,18 @@ class SSD(StatefulFamily):
         dC and dB are simple GLA's dq and dk summed over each group's heads (the sum's roundings charged), and
         ``dx = dt' dv + D cot`` (cot the output's cotangent) with dv simple GLA's (`SimpleGLA.gradient_traces`: the same placements, dk and dv
         backwards with the decays one step later and the forward's chunks). dt's, dt_bias's and A's follow from
-        simple GLA's dg and dv (`step_adjoints`), dD is the sum of x cot. With z (the output gated by silu(z)),
-        packed sequences (SSD's initial state starts only each row) or for the initial states, the normwise bound
-        applies."""
-        if p.has_z or p.cu_seqlens is not None:
+        simple GLA's dg and dv (`step_adjoints`), dD is the sum of x cot. An output gated by silu(z) passes its
+        cotangent through the gate first (`gate_pullback`, which gives dz too). With packed sequences (SSD's initial
+        state starts only each row) or for the initial states, the normwise bound applies."""
+        if p.cu_seqlens is not None:
             return None
         from harness.families.simple_gla import gate_adjoint, gated_adjoints
         from reference_impls import autograd as ad
         from reference_impls.trace import Trace
 
+        traces = {}
+        if p.has_z:
+            cot, traces["z"] = gate_pullback(self, p, x, cot, convention, "z" in names)
         dt = ad.ssd_steps(x["dt"], x.get("dt_bias"), p.delta_softplus)
         rep = p.heads // p.groups
         gated = {"q": x["C"].repeat_interleave(rep, dim=2), "k": x["B"].repeat_interleave(rep, dim=2),
@@ -224,7 +227,7 @@ class SSD(StatefulFamily):
         def grouped(t):  # the heads of a group summed
             return t.mapped(lambda f: f.reshape(*f.shape[:2], p.groups, rep, f.shape[-1])).summed(3)
 
-        traces = {name: grouped(adjoints[SSD_ADJOINTS[name]]) for name in ("B", "C") if name in names}
+        traces.update({name: grouped(adjoints[SSD_ADJOINTS[name]]) for name in ("B", "C") if name in names})
         if "x" in names:
             direct = x["D"].view(-1, 1) * cot if "D" in x else torch.zeros_like(cot)
             traces["x"] = stepped_input_trace(adjoints["v"], dt[..., None], direct)
@@ -282,6 +285,23 @@ class SSD(StatefulFamily):
         fields.update(draw_state_options(draw, caps, common))
         fields.pop("batch", None)  # seq_idx is per row: a packed batch keeps its rows
         return fields
+
+
+def gate_pullback(definition, p, x: dict[str, torch.Tensor], cot: torch.Tensor, convention,
+                  want_z: bool) -> tuple[torch.Tensor, "Trace | None"]:
+    """An output gated by ``silu(z)`` (SSD's and the selective scan's ``y = y' silu(z)``): the cotangent of the
+    ungated output y', ``cot silu(z)``, which every other gradient is then the ungated family's of (the rounding
+    of silu and of that product is the family's `function_room`, in units of the gradient's magnitude), and, when
+    ``want_z``, the trace of ``dz = cot y' silu'(z)``: the ungated forward's trace (its chunk term included) times
+    ``cot silu'(z)``, ``silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z)))``."""
+    z = x["z"]
+    sig = torch.sigmoid(z)
+    dz = None
+    if want_z:
+        ungated = dataclasses.replace(p, has_z=False, values=None)
+        dz = definition.trace(ungated, {k: v for k, v in x.items() if k != "z"}, convention).times(
+            cot * sig * (1 + z * (1 - sig)))
+    return cot * z * sig, dz
 
 
 #: Which of simple GLA's gradients each SSD input's is (`SSD.gradient_traces`); the selective scan's alike.
