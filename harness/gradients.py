@@ -40,8 +40,8 @@ from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import (RunOptions, call_args, explains, factor_clause, factors_to_try, half_precision_clause,
-                            inputs_in, output_shape, reference_trace, rerun_options, run_case)
+from harness.runner import (RunOptions, call_args, chunk_blocking, explains, factor_clause, factors_to_try,
+                            half_precision_clause, inputs_in, output_shape, reference_trace, rerun_options, run_case)
 from harness.verdict import Verdict, domain_kind, judge
 from reference_impls.trace import Trace
 
@@ -268,7 +268,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
         low = {k: v.to(DTYPE_NAMES[storage]) for k, v in x64.items()}
         base = _vjp(lambda x: _oracle_output(problem, x, spec.convention), low, names,
                     g.to(DTYPE_NAMES[storage]))
-    adjoint = problem.definition.gradient_traces(problem, x64, g, names, spec.convention) or {}
+    # on the chunks the kernel's decays span (mamba-ssm's SSD reference: the whole sequence), as its forward
+    adjoint = problem.definition.gradient_traces(chunk_blocking(spec, problem), x64, g, names, spec.convention) or {}
     records, bound_of = [], {}
     y_scale = None  # the forward's magnitude, for a normwise bound only
     out_shape = tuple(problem.definition.output_shape(problem))

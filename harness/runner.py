@@ -71,6 +71,14 @@ def reference_traces(problem: Problem, inputs: dict[str, torch.Tensor],
     return problem.definition.traces(problem, x, convention)
 
 
+def chunk_blocking(spec: KernelSpec, problem: Problem) -> Problem:
+    """``problem`` with the chunk its kernel's chunk term is charged on: the whole sequence for a kernel whose
+    cumulative decay sums span it (`Capabilities.decays_across_chunks`), else its own chunk."""
+    if problem.chunk_size is not None and problem.definition.chunk_term and spec.capabilities.decays_across_chunks:
+        return problem.replace(chunk_size=max(1, problem.length))
+    return problem
+
+
 def chunk_term_at(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
                   traces_of: Callable[..., dict[str, Any]] = reference_traces) -> dict[str, Any]:
     """The oracle's traces of ``problem`` for ``spec``: its chunk term charged at the rounding of the dtype the
@@ -81,8 +89,7 @@ def chunk_term_at(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Te
     ``u(chunk dtype) / u(precision)`` without another oracle run; ``traces_of`` is the run's oracle cache where
     there is one."""
     caps = spec.capabilities
-    if problem.chunk_size is not None and problem.definition.chunk_term and caps.decays_across_chunks:
-        problem = problem.replace(chunk_size=max(1, problem.length))  # its cumulative sums span the sequence
+    problem = chunk_blocking(spec, problem)
     traces = traces_of(problem, inputs, spec.convention)
     if problem.chunk_size is None or not problem.definition.chunk_term:
         return traces

@@ -202,10 +202,12 @@ class SSD(StatefulFamily):
         ``dx = dt' dv + D cot`` (cot the output's cotangent) with dv simple GLA's (`SimpleGLA.gradient_traces`: the same placements, dk and dv
         backwards with the decays one step later and the forward's chunks). dt's, dt_bias's and A's follow from
         simple GLA's dg and dv (`step_adjoints`), dD is the sum of x cot. An output gated by silu(z) passes its
-        cotangent through the gate first (`gate_pullback`, which gives dz too). With packed sequences (SSD's initial
-        state starts only each row) or for the initial states, the normwise bound applies."""
-        if p.cu_seqlens is not None:
-            return None
+        cotangent through the gate first (`gate_pullback`, which gives dz too). Packed sequences (seq_idx) are simple
+        GLA's, the initial state starting the row's first one only; chunked, their chunks lie on the row's grid, where
+        the adjoints' chunk terms (fla's, per sequence) do not, and the normwise bound applies, as it does to the
+        initial states' gradients."""
+        if p.cu_seqlens is not None and p.chunk_size is not None:
+            return None  # chunks on the row's grid (mamba-ssm's seq_idx), not restarting at each sequence as fla's
         from harness.families.simple_gla import gate_adjoint, gated_adjoints
         from reference_impls import autograd as ad
         from reference_impls.trace import Trace
@@ -221,8 +223,11 @@ class SSD(StatefulFamily):
             gated["initial_state"] = x["initial_states"].transpose(-1, -2)
         steps_wanted = bool({"dt", "A", "dt_bias"} & set(names))
         wanted = {SSD_ADJOINTS[n] for n in names if n in SSD_ADJOINTS} | ({"q", "k", "v"} if steps_wanted else set())
-        adjoints = gated_adjoints(gated, cot, tuple(sorted(wanted)), scale=1.0, chunk_size=p.chunk_size,
-                                  cu_seqlens=None, per_key=False)
+        if p.cu_seqlens is None:
+            adjoints = gated_adjoints(gated, cot, tuple(sorted(wanted)), scale=1.0, chunk_size=p.chunk_size,
+                                      cu_seqlens=None, per_key=False)
+        else:
+            adjoints = _packed_adjoints(gated, cot, tuple(sorted(wanted)), p.cu_seqlens)
 
         def grouped(t):  # the heads of a group summed
             return t.mapped(lambda f: f.reshape(*f.shape[:2], p.groups, rep, f.shape[-1])).summed(3)
@@ -234,8 +239,9 @@ class SSD(StatefulFamily):
         if "D" in names:
             traces["D"] = Trace.of_product(x["x"], cot).summed(3).summed(1).summed(0)
         if steps_wanted:
-            dg = gate_adjoint(gated["q"], gated["k"], adjoints["q"], adjoints["k"], bounds=[0, p.length],
-                              keys=p.state, per_key=False).mapped(lambda f: f[..., None])  # (batch, T, heads, 1)
+            dg = gate_adjoint(gated["q"], gated["k"], adjoints["q"], adjoints["k"],
+                              bounds=[0, p.length] if p.cu_seqlens is None else list(p.cu_seqlens), keys=p.state,
+                              per_key=False).mapped(lambda f: f[..., None])  # (batch, T, heads, 1)
             pre = x["dt"] if "dt_bias" not in x else x["dt"] + x["dt_bias"]
             d_pre, d_a = step_adjoints(dg, x["A"][:, None], adjoints["v"], x["x"], dt[..., None], pre,
                                        softplus=p.delta_softplus, clamped=True)
@@ -293,15 +299,40 @@ def gate_pullback(definition, p, x: dict[str, torch.Tensor], cot: torch.Tensor, 
     ungated output y', ``cot silu(z)``, which every other gradient is then the ungated family's of (the rounding
     of silu and of that product is the family's `function_room`, in units of the gradient's magnitude), and, when
     ``want_z``, the trace of ``dz = cot y' silu'(z)``: the ungated forward's trace (its chunk term included) times
-    ``cot silu'(z)``, ``silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z)))``."""
+    ``cot silu'(z)``, ``silu'(z) = sigmoid(z) + z sigmoid(z) (1 - sigmoid(z))``, its two terms' rounding charged at
+    their absolute sum."""
     z = x["z"]
     sig = torch.sigmoid(z)
     dz = None
     if want_z:
         ungated = dataclasses.replace(p, has_z=False, values=None)
-        dz = definition.trace(ungated, {k: v for k, v in x.items() if k != "z"}, convention).times(
-            cot * sig * (1 + z * (1 - sig)))
+        forward = definition.trace(ungated, {k: v for k, v in x.items() if k != "z"}, convention)
+        dz = forward.times(cot * (sig + z * sig * (1 - sig)))
+        # silu' is a sum of two terms that cancel near its zero (z = -1.28): its rounding is relative to their
+        # absolute sum, not to silu' (a correct float32 backward erred 17 to 34 times a bound relative to silu')
+        terms = forward.magnitude * (cot * (sig + (z * sig * (1 - sig)).abs())).abs()
+        dz = dataclasses.replace(dz, magnitude=torch.maximum(dz.magnitude, terms), growth=dz.growth + 2 * terms)
     return cot * z * sig, dz
+
+
+def _packed_adjoints(gated: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...],
+                     cuts: tuple[int, ...]) -> dict[str, "Trace"]:
+    """`simple_gla.gated_adjoints` of SSD's packed rows (every row cut at ``cuts``, mamba-ssm's seq_idx): fla packs
+    sequences in one row, so the rows are laid end to end, each row's initial state starting its first sequence
+    only, and the traces put back in rows."""
+    from harness.families.simple_gla import gated_adjoints
+
+    batch, length = cot.shape[:2]
+    per_row = len(cuts) - 1
+    flat = {name: t.reshape(1, batch * length, *t.shape[2:]) for name, t in gated.items() if name != "initial_state"}
+    if "initial_state" in gated:
+        h0 = gated["initial_state"]
+        flat["initial_state"] = h0.new_zeros((batch * per_row, *h0.shape[1:]))
+        flat["initial_state"][::per_row] = h0
+    bounds = torch.tensor(sorted({row * length + c for row in range(batch) for c in cuts}), dtype=torch.long)
+    adjoints = gated_adjoints(flat, cot.reshape(1, batch * length, *cot.shape[2:]), names, scale=1.0,
+                              chunk_size=None, cu_seqlens=bounds, per_key=False)
+    return {name: t.mapped(lambda f: f.reshape(batch, length, *f.shape[2:])) for name, t in adjoints.items()}
 
 
 #: Which of simple GLA's gradients each SSD input's is (`SSD.gradient_traces`); the selective scan's alike.
