@@ -673,7 +673,8 @@ def gla_adjoint_trace(
     *,
     chunk_size: int | None = None,
     per_key: bool = False,
-) -> Trace:
+    with_final: bool = False,
+) -> Trace | tuple[Trace, Trace]:
     """The trace, in forward time, of the gated recurrence an adjoint runs backwards (float64 CPU):
 
         Z_t = diag(exp(g_{t+1})) Z_{t+1} + b_t^T c_t   (Z = 0 after each sequence's last step),   out_t = scale a_t Z_t
@@ -686,7 +687,11 @@ def gla_adjoint_trace(
     in forward time, so every step of an adjoint is charged the mass of its whole forward chunk (of both
     steps' decays, ``max(|g_t|, |g_{t+1}|)``), and the state passed back into a chunk the mass of the chunk
     after it. A reversed blocking would charge a step near a chunk's end the few steps after it: a correct
-    chunked backward erred 5 times that at t = 156 of a 158-step chunk (strong decay, float64)."""
+    chunked backward erred 5 times that at t = 156 of a 158-step chunk (strong decay, float64).
+
+    ``with_final``: also the trace of ``Z_0`` of each sequence (its state after its first step, (sequences or
+    batch, heads, width of b, width of c), the chunk term included), from which an initial state's gradient is
+    formed."""
     a, b, c, g4, scale_, _, _, segments = _check_gla(a, b, c, g, scale, None, False, cu_seqlens, per_key=per_key)
     length = a.shape[1]
     bounds = [(0, length)] if segments is None else segments
@@ -707,7 +712,13 @@ def gla_adjoint_trace(
     assert trace is not None
     out = trace.out if chunks is None else replace(trace.out, growth=trace.out.growth + trace.chunk_growth,
                                                     chunk_growth=trace.chunk_growth)
-    return out.flipped(1)
+    if not with_final:
+        return out.flipped(1)
+    final = trace.final_state
+    if chunks is not None and trace.final_state_chunk_growth is not None:
+        final = replace(final, growth=final.growth + trace.final_state_chunk_growth,
+                        chunk_growth=trace.final_state_chunk_growth)
+    return out.flipped(1), final if segments is None else final.flipped(0)  # the sequences in forward order
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -236,10 +236,11 @@ class SimpleGLA(StatefulFamily):
         hold the gated channel on their output's side, so each key channel i is a simple GLA of its own, with
         that channel's decays: ``dq[..., i] = simple_gla(q=g, k=v, v=k[..., i])`` from row i of the initial state,
         ``dk[..., i] = simple_gla(q=v, k=g, v=q[..., i])`` backwards (the channels run as heads). The gates'
-        gradient comes from dq's and dk's (`_gate_trace`); the initial state keeps the normwise bound."""
+        gradient comes from dq's and dk's (`_gate_trace`); the initial state's from the state that dv's backward
+        recurrence reaches at each sequence's first step (`initial_state_adjoint`)."""
         scale = p.dk ** -0.5 if p.scale is None else p.scale
         cuts = None if p.cu_seqlens is None else torch.tensor(p.cu_seqlens, dtype=torch.long)
-        wanted = tuple(n for n in names if n in "qkv") + (("q", "k") if "g" in names else ())
+        wanted = tuple(n for n in names if n in ("q", "k", "v", "initial_state")) + (("q", "k") if "g" in names else ())
         traces = gated_adjoints(x, cot, tuple(dict.fromkeys(wanted)), scale=scale, chunk_size=p.chunk_size,
                                 cu_seqlens=cuts, per_key=self.per_key)
         if "g" in names:
@@ -332,7 +333,27 @@ def gated_adjoints(x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[s
                 backwards, False)
         return t.mapped(lambda field: field.reshape(b, length, heads, keys))
 
-    return {name: adjoint(name) for name in names if name in ADJOINT_PLACES}
+    traces = {name: adjoint(name) for name in names if name in ADJOINT_PLACES}
+    if "initial_state" in names and h0 is not None:
+        traces["initial_state"] = initial_state_adjoint(x, cot, scale=scale, chunk_size=chunk_size,
+                                                        cu_seqlens=cu_seqlens, per_key=per_key)
+    return traces
+
+
+def initial_state_adjoint(x: dict[str, torch.Tensor], cot: torch.Tensor, *, scale: float, chunk_size: int | None,
+                          cu_seqlens: torch.Tensor | None, per_key: bool) -> "Trace":
+    """The trace of the initial state's gradient, (sequences or batch, heads, K, V): every output o_r reads it
+    through the decays of steps 0..r, so ``dS0 = scale exp(g_0) Z_0`` with ``Z_0 = sum_r exp(g_1 + ... + g_r)
+    q_r^T cot_r``, the state after the first step of the backward recurrence dv runs (`reference_impls.
+    gated_decay.gla_adjoint_trace`), per sequence; ``exp(g_0)`` on the key channels for GLA."""
+    from reference_impls import gated_decay
+
+    g = x["g"]
+    _, z0 = gated_decay.gla_adjoint_trace(x["k"], x["q"], cot, g, scale, cu_seqlens, chunk_size=chunk_size,
+                                          per_key=per_key, with_final=True)
+    first = g[:, 0] if cu_seqlens is None else g[0, cu_seqlens[:-1]]  # (sequences, heads[, K])
+    decay = torch.exp(first) if per_key else torch.exp(first)[..., None]
+    return z0.times(scale * decay[..., None])
 
 
 def draw_state_options(draw, caps, common) -> dict[str, Any]:

@@ -203,9 +203,9 @@ class SSD(StatefulFamily):
         backwards with the decays one step later and the forward's chunks). dt's, dt_bias's and A's follow from
         simple GLA's dg and dv (`step_adjoints`), dD is the sum of x cot. An output gated by silu(z) passes its
         cotangent through the gate first (`gate_pullback`, which gives dz too). Packed sequences (seq_idx) are simple
-        GLA's, the initial state starting the row's first one only; chunked, their chunks lie on the row's grid, where
-        the adjoints' chunk terms (fla's, per sequence) do not, and the normwise bound applies, as it does to the
-        initial states' gradients."""
+        GLA's, the initial state starting the row's first one only (its gradient simple GLA's,
+        `simple_gla.initial_state_adjoint`); chunked, their chunks lie on the row's grid, where the adjoints' chunk
+        terms (fla's, per sequence) do not, and the normwise bound applies."""
         if p.cu_seqlens is not None and p.chunk_size is not None:
             return None  # chunks on the row's grid (mamba-ssm's seq_idx), not restarting at each sequence as fla's
         from harness.families.simple_gla import gate_adjoint, gated_adjoints
@@ -222,7 +222,8 @@ class SSD(StatefulFamily):
         if "initial_states" in x:  # h (P, N) is the state S^T
             gated["initial_state"] = x["initial_states"].transpose(-1, -2)
         steps_wanted = bool({"dt", "A", "dt_bias"} & set(names))
-        wanted = {SSD_ADJOINTS[n] for n in names if n in SSD_ADJOINTS} | ({"q", "k", "v"} if steps_wanted else set())
+        wanted = ({SSD_ADJOINTS[n] for n in names if n in SSD_ADJOINTS} | ({"q", "k", "v"} if steps_wanted else set())
+                  | ({"initial_state"} if "initial_states" in names else set()))
         if p.cu_seqlens is None:
             adjoints = gated_adjoints(gated, cot, tuple(sorted(wanted)), scale=1.0, chunk_size=p.chunk_size,
                                       cu_seqlens=None, per_key=False)
@@ -238,6 +239,8 @@ class SSD(StatefulFamily):
             traces["x"] = stepped_input_trace(adjoints["v"], dt[..., None], direct)
         if "D" in names:
             traces["D"] = Trace.of_product(x["x"], cot).summed(3).summed(1).summed(0)
+        if "initial_states" in names:  # dS0 (N, P) transposed
+            traces["initial_states"] = adjoints["initial_state"].mapped(lambda f: f.transpose(-1, -2))
         if steps_wanted:
             dg = gate_adjoint(gated["q"], gated["k"], adjoints["q"], adjoints["k"],
                               bounds=[0, p.length] if p.cu_seqlens is None else list(p.cu_seqlens), keys=p.state,
@@ -332,7 +335,11 @@ def _packed_adjoints(gated: dict[str, torch.Tensor], cot: torch.Tensor, names: t
     bounds = torch.tensor(sorted({row * length + c for row in range(batch) for c in cuts}), dtype=torch.long)
     adjoints = gated_adjoints(flat, cot.reshape(1, batch * length, *cot.shape[2:]), names, scale=1.0,
                               chunk_size=None, cu_seqlens=bounds, per_key=False)
-    return {name: t.mapped(lambda f: f.reshape(batch, length, *f.shape[2:])) for name, t in adjoints.items()}
+    rows = {name: t.mapped(lambda f: f.reshape(batch, length, *f.shape[2:])) for name, t in adjoints.items()
+            if name != "initial_state"}
+    if "initial_state" in adjoints:  # each row's first sequence
+        rows["initial_state"] = adjoints["initial_state"].mapped(lambda f: f[::per_row])
+    return rows
 
 
 #: Which of simple GLA's gradients each SSD input's is (`SSD.gradient_traces`); the selective scan's alike.
