@@ -7,10 +7,11 @@ inputs and cotangent (`reference_impls.autograd`: the oracles' definitions writt
 checked equal to them), through the same `metrics.measure` and `verdict.judge` as outputs.
 
 Where a family's gradients are themselves instances of its oracle (retention's are retentions, the
-normed retention's are retentions of the norm's pullback, the linear scan's are scans run backwards:
-`FamilyDef.gradient_traces`), each gradient is judged on that computation's own componentwise trace
-(`_adjoint_trace`), as an output is. Elsewhere (the selective scan, the gated families) the bound is
-normwise: a gradient element
+normed retention's are retentions of the norm's pullback, the linear scan's are scans run backwards, the
+gated families', the selective scan's and SSD's gated recurrences and sums of them: `FamilyDef.gradient_traces`),
+each gradient is judged on that computation's own componentwise trace (`_adjoint_trace`), as an output is.
+Elsewhere (a family without `gradient_traces`, SSD's packed rows in chunks) the bound is normwise: a gradient
+element
 is a sum of at most ``n`` terms, n the number of output elements (a parameter shared over time, batch
 and channels, such as A, B or D, sums that many), and a recursive sum of n terms errs by at most about
 ``n u sum|terms|`` (Higham's gamma_n). The trace handed to `measure` has ``growth = n * s`` with
