@@ -51,7 +51,7 @@ Trace of the output (float64; H_S, W_S are K x V like the state):
   boundary, where the state restarts.
 
 For ssd, whose decay and input are computed from dt, growth's state recurrence has two more inputs
-(`_ssd_input_rounding`): ``W_t = |a_t| W_{t-1} + H_t + e_a |a_t| H_{t-1} + e_kv |k_t| |v_t|``, where
+(`ssd_input_rounding`): ``W_t = |a_t| W_{t-1} + H_t + e_a |a_t| H_{t-1} + e_kv |k_t| |v_t|``, where
 ``e_kv = rel(dt') + 1`` counts the roundings in ``dt' x`` and ``e_a = |dt' A| (rel(dt') + 1)`` turns the
 relative error of the exponent ``dt' A`` into the decay's (``|x| e^x <= 1/e`` keeps it bounded). The
 output map adds ``|D x|`` to magnitude and growth and, with z, maps both through the gate as
@@ -545,20 +545,21 @@ def _gated(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_
     return torch.cat(outs), torch.cat(finals), trace
 
 
-def _run_fla(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None, chunks=None):
+def _run_fla(q, k, v, g, scale, h0, segments, *, dtype, device, with_trace, chunk_size=None, chunks=None,
+             extra=None):
     """simple_gla/gla: cu_seqlens sequences are cut out of the single row and run as one row each
     (their own initial states, their own chunks, one final-state row each). ``chunks``: the chunk term's
-    `_chunk_mass` per sequence when the caller forms it (`gla_adjoint_trace`)."""
+    `_chunk_mass` per sequence when the caller forms it (`gla_adjoint_trace`); ``extra``: `_segment`'s."""
     if segments is None:
         return _gated(q, k, v, g, scale, h0, None, dtype=dtype, device=device, with_trace=with_trace,
-                      chunk_size=chunk_size, chunk=None if chunks is None else chunks[0])
+                      chunk_size=chunk_size, chunk=None if chunks is None else chunks[0], extra=extra)
     outs, finals, traces = [], [], []
     for i, (t0, t1) in enumerate(segments):
         start = None if h0 is None else h0[i:i + 1]
         chunk = None if not with_trace else chunks[i] if chunks is not None else _chunk_mass(g.abs(), chunk_size, t0, t1)
         o, final, trace = _gated(q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], g[:, t0:t1], scale, start, None,
                                  dtype=dtype, device=device, with_trace=with_trace, chunk_size=chunk_size,
-                                 chunk=chunk)
+                                 chunk=chunk, extra=None if extra is None else tuple(e[:, t0:t1] for e in extra))
         outs.append(o)
         finals.append(final)
         traces.append(trace)
@@ -619,11 +620,12 @@ def gla(
                 per_key=True)
 
 
-def _fla_trace(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size, *, per_key):
+def _fla_trace(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size, *, per_key,
+               input_rounding=None):
     q, k, v, g4, scale_, h0, final, segments = _check_gla(q, k, v, g, scale, initial_state, output_final_state,
                                                           cu_seqlens, per_key=per_key)
     _, _, trace = _run_fla(q, k, v, g4, scale_, h0, segments, dtype=torch.float64, device="cpu", with_trace=True,
-                           chunk_size=_chunk_size(chunk_size))
+                           chunk_size=_chunk_size(chunk_size), extra=input_rounding)
     assert trace is not None
     if not final:
         trace = replace(trace, final_state=None, final_state_chunk_growth=None)
@@ -641,10 +643,15 @@ def simple_gla_trace(
     cu_seqlens: torch.Tensor | None = None,
     *,
     chunk_size: int | None = None,
+    input_rounding: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> GatedTrace:
     """`simple_gla`'s float64 output and companions (`GatedTrace`; final state's when
-    ``output_final_state``; the chunk term for chunks of ``chunk_size`` when given)."""
-    return _fla_trace(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size, per_key=False)
+    ``output_final_state``; the chunk term for chunks of ``chunk_size`` when given). ``input_rounding``: (e_a,
+    e_kv), each (batch, T, heads, 1), the rounding of each step's log-decay (its argument, relative to the decay)
+    and of its ``k^T v`` beyond one u each, in units of u, where a caller formed them from other inputs (SSD's
+    ``dt' A`` and ``dt' x``, `ssd_input_rounding`)."""
+    return _fla_trace(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size, per_key=False,
+                      input_rounding=input_rounding)
 
 
 def gla_trace(
@@ -674,6 +681,7 @@ def gla_adjoint_trace(
     chunk_size: int | None = None,
     per_key: bool = False,
     with_final: bool = False,
+    decay_rounding: torch.Tensor | None = None,
 ) -> Trace | tuple[Trace, Trace]:
     """The trace, in forward time, of the gated recurrence an adjoint runs backwards (float64 CPU):
 
@@ -689,6 +697,9 @@ def gla_adjoint_trace(
     after it. A reversed blocking would charge a step near a chunk's end the few steps after it: a correct
     chunked backward erred 5 times that at t = 156 of a 158-step chunk (strong decay, float64).
 
+    ``decay_rounding``: e_a (batch, T, heads, 1), the rounding of each step's log-decay as `simple_gla_trace`'s
+    ``input_rounding`` (it moves with the decays, one step later).
+
     ``with_final``: also the trace of ``Z_0`` of each sequence (its state after its first step, (sequences or
     batch, heads, width of b, width of c), the chunk term included), from which an initial state's gradient is
     formed."""
@@ -696,8 +707,12 @@ def gla_adjoint_trace(
     length = a.shape[1]
     bounds = [(0, length)] if segments is None else segments
     g_next = torch.zeros_like(g4)
+    e_next = None if decay_rounding is None else torch.zeros_like(decay_rounding)
     for t0, t1 in bounds:
         g_next[:, t0:t1 - 1] = g4[:, t0 + 1:t1]
+        if e_next is not None:
+            e_next[:, t0:t1 - 1] = decay_rounding[:, t0 + 1:t1]
+    extra = None if e_next is None else (e_next.flip(1), torch.zeros_like(e_next))
     chunks = None
     if chunk_size is not None:
         mass = torch.maximum(g4.abs(), g_next.abs())
@@ -708,7 +723,8 @@ def gla_adjoint_trace(
             chunks.append((lam.flip(1), last.flip(0)))
     flipped = None if segments is None else [(length - t1, length - t0) for t0, t1 in reversed(bounds)]
     _, _, trace = _run_fla(a.flip(1), b.flip(1), c.flip(1), g_next.flip(1), scale_, None, flipped,
-                           dtype=torch.float64, device="cpu", with_trace=True, chunk_size=chunk_size, chunks=chunks)
+                           dtype=torch.float64, device="cpu", with_trace=True, chunk_size=chunk_size, chunks=chunks,
+                           extra=extra)
     assert trace is not None
     out = trace.out if chunks is None else replace(trace.out, growth=trace.out.growth + trace.chunk_growth,
                                                     chunk_growth=trace.chunk_growth)
@@ -725,7 +741,7 @@ def gla_adjoint_trace(
 # ssd (Mamba-2)
 
 
-def _ssd_input_rounding(pre, dt, log_decay, biased, softplus):
+def ssd_input_rounding(pre, dt, log_decay, biased, softplus):
     """(e_a, e_kv), ssd's extra growth inputs in units of u (module docstring): the relative error of
     dt' from ``dt + dt_bias`` (1, times softplus's condition ``|x| sigmoid(x) / softplus(x)``) and from
     softplus itself (2), then one rounding more for ``dt' * A`` (scaled by |dt' A|: an absolute error in
@@ -759,7 +775,7 @@ def _ssd_run(args, *, dtype, device, with_trace, chunk_size=None):
     q = C.repeat_interleave(heads // groups, dim=2)
     v = dt[..., None] * x
     start = None if h0 is None else h0.transpose(-1, -2)  # h (P, N) is S^T
-    extra = _ssd_input_rounding(pre, dt, log_decay, dt_bias is not None, softplus) if with_trace else None
+    extra = ssd_input_rounding(pre, dt, log_decay, dt_bias is not None, softplus) if with_trace else None
     o, state, trace = _gated(q, k, v, log_decay, 1.0, start, rows, dtype=dtype, device=device,
                              with_trace=with_trace, chunk_size=chunk_size, extra=extra)
     final = state.transpose(-1, -2)

@@ -797,3 +797,16 @@ def test_an_initial_state_gradient_missing_its_first_decay_is_found(dtype):
         assert records["initial_state"]["verdict"] == "divergent", (seed, records["initial_state"]["why"])
         assert all(records[n]["verdict"] == "equivalent" for n in "qkv"), [records[n]["why"] for n in "qkv"]
         assert records["g"]["verdict"] != "divergent", records["g"]["why"]  # float16: its terms' sum may leave range
+
+
+def test_an_ssd_gradient_is_charged_the_rounding_of_its_formed_log_decays():
+    """SSD's kernels form each log-decay as ``dt' A``: exp of it errs |dt' A| u relative to the decay, which the
+    forward's bound charges (`reference_impls.gated_decay.ssd_input_rounding`) and, since session 21, the adjoints'
+    too. Without it a correct float32 recurrence's initial-state gradient erred 1.04 times its bound (mixed_heads,
+    one step; `harness check --kernel intree.ssd_recurrent --profile ci`, equivalent only because the float32 loop
+    erred as much); 0.24 with it."""
+    p = Problem(family="ssd", length=1, dtype="float32", batch=2, heads=2, groups=2, dv=33, state=2, has_D=True,
+                has_z=True, has_initial_state=True, regime="mixed_heads", seed=3708314)
+    records = {r["grad_of"]: r for r in gradient_case(get("intree.ssd_recurrent"), p, RunOptions())}
+    assert all(r["verdict"] == "equivalent" and r["cond_max"] <= 1 for r in records.values()), \
+        [(n, r["why"]) for n, r in records.items()]

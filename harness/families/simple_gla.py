@@ -29,6 +29,7 @@ cumulative sums loses is rounding of the algorithm, named by its size, not a bug
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -304,21 +305,30 @@ def gate_adjoint(q: torch.Tensor, k: torch.Tensor, dq: "Trace", dk: "Trace", *, 
 
 
 def gated_adjoints(x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...], *, scale: float,
-                   chunk_size: int | None, cu_seqlens: torch.Tensor | None, per_key: bool) -> dict[str, Trace]:
+                   chunk_size: int | None, cu_seqlens: torch.Tensor | None, per_key: bool,
+                   input_rounding: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Trace]:
     """The traces of simple GLA's (``per_key``: GLA's) gradients of q, k, v in ``names`` along the output
     cotangent ``cot``, each a gated recurrence of its own (`SimpleGLA.gradient_traces`), in fla's layout; the
-    selective scan's are GLA's with one head per channel (`harness.families.selective_scan`)."""
+    selective scan's are GLA's with one head per channel (`harness.families.selective_scan`). ``input_rounding``
+    (simple GLA only): the rounding of log-decays and values the caller formed from other inputs (SSD's,
+    `reference_impls.gated_decay.simple_gla_trace`), carried with the decays into every adjoint and with ``v``
+    into dq's."""
     from harness.families.retention import ADJOINT_PLACES
     from reference_impls import gated_decay
 
     g, h0 = x["g"], x.get("initial_state")
+    e_a = None if input_rounding is None else input_rounding[0]
 
     def run(args, gates, state, backwards: bool, gated_keys: bool) -> Trace:
         if backwards:  # forms its own decays one step later, and its chunk term on the forward's chunks
             return gated_decay.gla_adjoint_trace(*args, gates, scale, cu_seqlens, chunk_size=chunk_size,
-                                                 per_key=gated_keys)
-        forwards = gated_decay.gla_trace if gated_keys else gated_decay.simple_gla_trace
-        t = forwards(*args, gates, scale, initial_state=state, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+                                                 per_key=gated_keys, decay_rounding=e_a)
+        if gated_keys:
+            t = gated_decay.gla_trace(*args, gates, scale, initial_state=state, cu_seqlens=cu_seqlens,
+                                      chunk_size=chunk_size)
+        else:
+            t = gated_decay.simple_gla_trace(*args, gates, scale, initial_state=state, cu_seqlens=cu_seqlens,
+                                             chunk_size=chunk_size, input_rounding=input_rounding)
         return (t if chunk_size is None else t.with_chunk_growth()).out
 
     def adjoint(name: str) -> Trace:
@@ -336,24 +346,32 @@ def gated_adjoints(x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[s
     traces = {name: adjoint(name) for name in names if name in ADJOINT_PLACES}
     if "initial_state" in names and h0 is not None:
         traces["initial_state"] = initial_state_adjoint(x, cot, scale=scale, chunk_size=chunk_size,
-                                                        cu_seqlens=cu_seqlens, per_key=per_key)
+                                                        cu_seqlens=cu_seqlens, per_key=per_key, decay_rounding=e_a)
     return traces
 
 
 def initial_state_adjoint(x: dict[str, torch.Tensor], cot: torch.Tensor, *, scale: float, chunk_size: int | None,
-                          cu_seqlens: torch.Tensor | None, per_key: bool) -> "Trace":
+                          cu_seqlens: torch.Tensor | None, per_key: bool,
+                          decay_rounding: torch.Tensor | None = None) -> "Trace":
     """The trace of the initial state's gradient, (sequences or batch, heads, K, V): every output o_r reads it
     through the decays of steps 0..r, so ``dS0 = scale exp(g_0) Z_0`` with ``Z_0 = sum_r exp(g_1 + ... + g_r)
     q_r^T cot_r``, the state after the first step of the backward recurrence dv runs (`reference_impls.
-    gated_decay.gla_adjoint_trace`), per sequence; ``exp(g_0)`` on the key channels for GLA."""
+    gated_decay.gla_adjoint_trace`), per sequence; ``exp(g_0)`` on the key channels for GLA (its argument's
+    rounding, ``decay_rounding``, charged where the caller formed it)."""
     from reference_impls import gated_decay
 
     g = x["g"]
     _, z0 = gated_decay.gla_adjoint_trace(x["k"], x["q"], cot, g, scale, cu_seqlens, chunk_size=chunk_size,
-                                          per_key=per_key, with_final=True)
-    first = g[:, 0] if cu_seqlens is None else g[0, cu_seqlens[:-1]]  # (sequences, heads[, K])
-    decay = torch.exp(first) if per_key else torch.exp(first)[..., None]
-    return z0.times(scale * decay[..., None])
+                                          per_key=per_key, with_final=True, decay_rounding=decay_rounding)
+
+    def at_starts(t: torch.Tensor) -> torch.Tensor:  # (sequences, heads[, K])
+        return t[:, 0] if cu_seqlens is None else t[0, cu_seqlens[:-1]]
+
+    decay = torch.exp(at_starts(g)) if per_key else torch.exp(at_starts(g))[..., None]
+    state = z0.times(scale * decay[..., None])
+    if decay_rounding is None:
+        return state
+    return dataclasses.replace(state, growth=state.growth + at_starts(decay_rounding)[..., None] * state.magnitude)
 
 
 def draw_state_options(draw, caps, common) -> dict[str, Any]:

@@ -210,6 +210,7 @@ class SSD(StatefulFamily):
             return None  # chunks on the row's grid (mamba-ssm's seq_idx), not restarting at each sequence as fla's
         from harness.families.simple_gla import gate_adjoint, gated_adjoints
         from reference_impls import autograd as ad
+        from reference_impls.gated_decay import ssd_input_rounding
         from reference_impls.trace import Trace
 
         traces = {}
@@ -224,11 +225,15 @@ class SSD(StatefulFamily):
         steps_wanted = bool({"dt", "A", "dt_bias"} & set(names))
         wanted = ({SSD_ADJOINTS[n] for n in names if n in SSD_ADJOINTS} | ({"q", "k", "v"} if steps_wanted else set())
                   | ({"initial_state"} if "initial_states" in names else set()))
+        # dt' A and dt' x are formed from other inputs: their rounding moves with the decays and values (as the
+        # forward's, `reference_impls.gated_decay.ssd_input_rounding`)
+        pre = x["dt"] if "dt_bias" not in x else x["dt"] + x["dt_bias"]
+        rounding = ssd_input_rounding(pre, dt, gated["g"][..., None], "dt_bias" in x, p.delta_softplus)
         if p.cu_seqlens is None:
             adjoints = gated_adjoints(gated, cot, tuple(sorted(wanted)), scale=1.0, chunk_size=p.chunk_size,
-                                      cu_seqlens=None, per_key=False)
+                                      cu_seqlens=None, per_key=False, input_rounding=rounding)
         else:
-            adjoints = _packed_adjoints(gated, cot, tuple(sorted(wanted)), p.cu_seqlens)
+            adjoints = _packed_adjoints(gated, cot, tuple(sorted(wanted)), p.cu_seqlens, rounding)
 
         def grouped(t):  # the heads of a group summed
             return t.mapped(lambda f: f.reshape(*f.shape[:2], p.groups, rep, f.shape[-1])).summed(3)
@@ -245,7 +250,6 @@ class SSD(StatefulFamily):
             dg = gate_adjoint(gated["q"], gated["k"], adjoints["q"], adjoints["k"],
                               bounds=[0, p.length] if p.cu_seqlens is None else list(p.cu_seqlens), keys=p.state,
                               per_key=False).mapped(lambda f: f[..., None])  # (batch, T, heads, 1)
-            pre = x["dt"] if "dt_bias" not in x else x["dt"] + x["dt_bias"]
             d_pre, d_a = step_adjoints(dg, x["A"][:, None], adjoints["v"], x["x"], dt[..., None], pre,
                                        softplus=p.delta_softplus, clamped=True)
             traces.update({"A": d_a.mapped(lambda f: f[:, 0]), "dt": d_pre, "dt_bias": d_pre.summed(1).summed(0)})
@@ -319,7 +323,7 @@ def gate_pullback(definition, p, x: dict[str, torch.Tensor], cot: torch.Tensor, 
 
 
 def _packed_adjoints(gated: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[str, ...],
-                     cuts: tuple[int, ...]) -> dict[str, "Trace"]:
+                     cuts: tuple[int, ...], rounding: tuple[torch.Tensor, torch.Tensor]) -> dict[str, "Trace"]:
     """`simple_gla.gated_adjoints` of SSD's packed rows (every row cut at ``cuts``, mamba-ssm's seq_idx): fla packs
     sequences in one row, so the rows are laid end to end, each row's initial state starting its first sequence
     only, and the traces put back in rows."""
@@ -334,7 +338,8 @@ def _packed_adjoints(gated: dict[str, torch.Tensor], cot: torch.Tensor, names: t
         flat["initial_state"][::per_row] = h0
     bounds = torch.tensor(sorted({row * length + c for row in range(batch) for c in cuts}), dtype=torch.long)
     adjoints = gated_adjoints(flat, cot.reshape(1, batch * length, *cot.shape[2:]), names, scale=1.0,
-                              chunk_size=None, cu_seqlens=bounds, per_key=False)
+                              chunk_size=None, cu_seqlens=bounds, per_key=False,
+                              input_rounding=tuple(e.reshape(1, batch * length, *e.shape[2:]) for e in rounding))
     rows = {name: t.mapped(lambda f: f.reshape(batch, length, *f.shape[2:])) for name, t in adjoints.items()
             if name != "initial_state"}
     if "initial_state" in adjoints:  # each row's first sequence
