@@ -810,3 +810,50 @@ def test_an_ssd_gradient_is_charged_the_rounding_of_its_formed_log_decays():
     records = {r["grad_of"]: r for r in gradient_case(get("intree.ssd_recurrent"), p, RunOptions())}
     assert all(r["verdict"] == "equivalent" and r["cond_max"] <= 1 for r in records.values()), \
         [(n, r["why"]) for n, r in records.items()]
+
+
+def _ssd_relu_steps(x, dt, A, B, C, chunk_size=None):
+    """SSD whose clamp of the steps at 0 is written as relu: derivative 0 at an exact 0, where torch's clamp has 1."""
+    from reference_impls import autograd as ad
+
+    return ad.ssd(x, torch.nn.functional.relu(dt), A, B, C)
+
+
+def test_a_step_on_the_clamp_s_kink_takes_either_one_sided_derivative():
+    """dt = 0 exactly, no softplus: the clamp at 0 has no derivative there, torch's clamp passes 1 and relu (or a
+    hand-written mask ``dt' > 0``) 0; both backwards are right (`SSD.gradient_alternatives`). The relu kernel was
+    divergent at cond 4.9e5 on this case (a blind hunt's counterexample, session 21; the drawn values include exact
+    zeros); the clamp's (`intree.ssd_recurrent`) stays equivalent, and a gradient that is neither is still found."""
+    values = {"A": [0.0], "B": [0.0, 1.0], "C": [0.0, 1.0], "dt": [0.0, 0.0], "x": [0.0] * 21 + [1.0]}
+    p = Problem(family="ssd", length=1, dtype="float32", batch=2, heads=1, groups=1, dv=11, state=1, values=values)
+    relu = KernelSpec(name="test.ssd_relu_steps", family="ssd", load=lambda: _ssd_relu_steps,
+                      capabilities=Capabilities(dtypes=("float32",), autograd=True, selective_options=False),
+                      source="test")
+    for spec in (relu, get("intree.ssd_recurrent")):
+        records = {r["grad_of"]: r for r in gradient_case(spec, p, RunOptions())}
+        assert records["dt"]["verdict"] == "equivalent", (spec.name, records["dt"]["why"])
+    wrong = _planted_backward(_ssd_out, lambda xs, cot: _autograd(_ssd_out, xs, cot, torch.float64, {1: 0.5}))
+    half = KernelSpec(name="planted.ssd_half_step_gradient", family="ssd",
+                      load=lambda: lambda x, dt, A, B, C, *a, **kw: wrong(x, dt, A, B, C),
+                      capabilities=Capabilities(dtypes=("float32",), autograd=True, selective_options=False),
+                      source="test")
+    records = {r["grad_of"]: r for r in gradient_case(half, p, RunOptions())}
+    assert records["dt"]["verdict"] == "divergent", records["dt"]["why"]
+
+
+def test_a_chunked_backward_of_a_kernel_that_declares_no_chunk_is_named_chunk_rounding():
+    """A correct chunked selective scan (exp of differences of cumulative sums, autograd through it) with its chunk
+    fixed inside errs past the loop's bound in float64 dC; the forward is named ``chunk_rounding`` there and, since
+    session 21, so is the gradient (`gradients._chunk_rounding`: within the adjoint's bound at chunk 64), with the
+    advice to declare the chunk. It was ``kernel_bug`` (a blind hunt's correct kernel, session 21)."""
+    from tests.test_selective_chunk_term import _segment_sum_scan
+
+    scan = _segment_sum_scan()
+    spec = KernelSpec(name="user.chunk_inside", family="selective_scan",
+                      load=lambda: lambda u, delta, A, B, C: scan(u, delta, A, B, C, chunk_size=8),
+                      capabilities=Capabilities(devices=("cpu",), dtypes=("float64",), autograd=True,
+                                                selective_options=False, grouped_bc=False), source="user")
+    p = Problem(family="selective_scan", length=8, dtype="float64", regime="fast_decay", batch=2, dim=1, state=2, seed=0)
+    records = {r["grad_of"]: r for r in gradient_case(spec, p, RunOptions())}
+    assert records["C"]["verdict"] == "divergent" and records["C"]["cause"] == "chunk_rounding", records["C"]["why"]
+    assert "declare its chunk size" in records["C"]["why"] and records["C"]["chunked_cond_max"] <= 1

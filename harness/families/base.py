@@ -209,6 +209,14 @@ class FamilyDef:
         own componentwise bound. None where they are not: the normwise bound applies (`harness.gradients`)."""
         return None
 
+    def gradient_alternatives(self, p: "Problem", x: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
+                              ) -> dict[str, torch.Tensor]:
+        """Per input: the gradient under the other one-sided derivative where the definition has a kink on the case's
+        inputs (SSD's clamp of the steps at exactly 0: torch's clamp passes 1 there, a ``relu`` or a mask ``> 0`` 0,
+        both right), from the oracle's ``want``; each element of a kernel's gradient is judged against whichever of
+        the two it is nearer (`harness.gradients`). Empty where there is no kink."""
+        return {}
+
     def gradient_norm_peak(self, p: "Problem", x: dict[str, torch.Tensor], names: tuple[str, ...],
                            convention: RetentionConvention) -> dict[str, torch.Tensor] | None:
         """Per element of each input in ``names``: the largest intermediate a correct backward forms on the

@@ -255,6 +255,23 @@ class SSD(StatefulFamily):
             traces.update({"A": d_a.mapped(lambda f: f[:, 0]), "dt": d_pre, "dt_bias": d_pre.summed(1).summed(0)})
         return {name: t for name, t in traces.items() if name in names}
 
+    def gradient_alternatives(self, p, x, want):
+        """Without softplus a step whose pre-activation is exactly 0 sits on the clamp's kink (the drawn values
+        include exact zeros): dt's gradient there is its dstep (torch's clamp) or 0 (``relu``, a mask ``dt' > 0``),
+        and dt_bias's sums whichever a kernel takes (a blind hunt's correct hand-written backward with ``> 0`` was
+        divergent at cond 4.9e5, session 21)."""
+        if p.delta_softplus or "dt" not in want:
+            return {}
+        pre = x["dt"] if "dt_bias" not in x else x["dt"] + x["dt_bias"]
+        kink = pre == 0
+        if not bool(kink.any()):
+            return {}
+        at_kinks = torch.where(kink, want["dt"], torch.zeros_like(want["dt"]))
+        alternatives = {"dt": want["dt"] - at_kinks}
+        if want.get("dt_bias") is not None:
+            alternatives["dt_bias"] = want["dt_bias"] - at_kinks.sum((0, 1))
+        return alternatives
+
     def element_bounds(self, p, name):
         s = self.data_scale(p.regime, p.scale_dtype)
         if name == "dt":
