@@ -301,7 +301,9 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                           dtype=precision, tf32=problem.tf32,
                           baseline=None if base is None or base[name] is None else base[name].detach(),
                           length_axis=-1 if axis is None else axis, cond_threshold=options.policy.cond_threshold,
-                          element_axes_names=_axis_names(actual, axis, out_shape))
+                          element_axes_names=_axis_names(actual, axis, out_shape,
+                                                         problem.definition.input_axes.get(name)
+                                                         or _selective_bc_axes(problem, name)))
             return div, judge(div, options.policy)
 
         div, judgement = judged(None)
@@ -377,10 +379,21 @@ def _chunk_rounding(problem: Problem, records: list[dict[str, Any]], got: dict[s
             record["why"] = f"{record['why']}; chunk rounding: {_CHUNK_CLAUSE.format(cond_max=div.cond_max)}"
 
 
-def _axis_names(grad: torch.Tensor, axis: int | None, out_shape: tuple[int, ...]) -> tuple[str, ...] | None:
-    """The names of a gradient's axes in its record: the output's (None: `measure`'s default) for an input laid
-    out as the output (retention's q, k, v; a scan's u); else ``batch`` and ``t`` where the input has them
-    and the axis number elsewhere (mamba's B (batch, groups, state, t) is not (batch, channel, t))."""
+def _selective_bc_axes(problem: Problem, name: str) -> tuple[str, ...] | None:
+    """The selective scan's B and C: (batch, state, t), grouped (batch, group, state, t)."""
+    if problem.family is not Family.SELECTIVE_SCAN or name not in ("B", "C"):
+        return None
+    return ("batch", "group", "state", "t") if problem.groups else ("batch", "state", "t")
+
+
+def _axis_names(grad: torch.Tensor, axis: int | None, out_shape: tuple[int, ...],
+                declared: tuple[str, ...] | None = None) -> tuple[str, ...] | None:
+    """The names of a gradient's axes in its record: the family's for that input (``declared``,
+    `FamilyDef.input_axes`); the output's (None: `measure`'s default) for an input laid out as the output
+    (retention's q, k, v; a scan's u); else ``batch`` and ``t`` where the input has them and the axis number
+    elsewhere."""
+    if declared is not None and len(declared) == grad.ndim:
+        return declared
     if axis is not None and tuple(grad.shape) == out_shape:
         return None
     t = None if axis is None else axis % grad.ndim

@@ -676,6 +676,7 @@ def test_a_wrong_selective_scan_backward_is_found_on_the_adjoint_s_bound(dtype):
         records = {r.get("grad_of"): r for r in gradient_case(spec, Problem("selective_scan", length, dtype=dtype,
                                                                              batch=1, dim=6, state=8, seed=seed))}
         assert records["B"]["verdict"] == "divergent", (seed, records["B"]["why"])
+        assert "(batch=0, state=" in records["B"]["why"], records["B"]["why"]  # its axes, not the output's
         assert records["u"]["verdict"] == records["C"]["verdict"] == "equivalent", (records["u"]["why"],
                                                                                     records["C"]["why"])
 

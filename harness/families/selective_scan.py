@@ -23,6 +23,7 @@ class SelectiveScan(FamilyDef):
     grad_inputs = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     length_axis = -1
     per_step_inputs = ("u", "delta", "B", "C", "z")
+    input_axes = {"A": ("channel", "state"), "D": ("channel",), "delta_bias": ("channel",)}
 
     def shapes(self, p):
         b, d, n, L = p.batch, p.dim, p.state, p.length

@@ -67,6 +67,9 @@ class SSD(StatefulFamily):
     regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay",
                "negative_steps")
     grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+    input_axes = {"dt": ("batch", "t", "head"), "A": ("head",), "D": ("head",), "dt_bias": ("head",),
+                  "B": ("batch", "t", "group", "state"), "C": ("batch", "t", "group", "state"),
+                  "initial_states": ("batch", "head", "column", "state")}
     length_axis = 1
     per_step_inputs = ("x", "dt", "B", "C", "z")
     uses_matmuls = True
