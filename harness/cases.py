@@ -171,6 +171,24 @@ def replay(spec, problem: Problem, grad_of: str | None = None, options=None) -> 
                           f"{list(problem.definition.grad_inputs)} of a kernel whose output is differentiable")
 
 
+def chunk_mismatch(spec, problem: Problem) -> str | None:
+    """A note when a replayed problem's chunk size and the kernel disagree, None when they do not: a problem's
+    ``chunk_size`` puts a chunked form's term in the bound, which a kernel that takes no chunk size is then judged
+    with although it is never told the chunk (a blind hunt's edited problem turned cond 1.55 into 0.025); a kernel
+    that takes one, replayed on a problem without, runs at its default and is held to the loop's bound."""
+    if not problem.definition.chunk_term:
+        return None
+    if problem.chunk_size is not None and not spec.capabilities.takes_chunk:
+        return (f"note: the problem's chunk_size={problem.chunk_size} widens the bound by a chunked form's term, but "
+                f"kernel {spec.name} takes no chunk size (it is not told the chunk); leave chunk_size out (null) to "
+                "judge it as it runs, or declare its chunk (a chunk_size parameter, Capabilities(chunk_sizes=...))")
+    if problem.chunk_size is None and spec.capabilities.takes_chunk:
+        return (f"note: kernel {spec.name} takes a chunk size and the problem gives none: it runs at its default chunk "
+                "and is judged against the sequential loop's bound; give \"chunk_size\" in the problem to judge it at "
+                "its chunk")
+    return None
+
+
 def saved_cases(directory: Path | None = None) -> list[Path]:
     return sorted(Path(directory or counterexamples_dir()).glob("*.json"))
 

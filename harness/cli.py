@@ -354,7 +354,7 @@ def _progress(rec: dict) -> None:
 
 
 def cmd_replay(args) -> int:
-    from harness.cases import load_case, replay, resolve_kernel
+    from harness.cases import chunk_mismatch, load_case, replay, resolve_kernel
     from harness.runner import RunOptions
 
     grad_of = args.grad_of
@@ -379,6 +379,9 @@ def cmd_replay(args) -> int:
 
         problem, expect = problem_from_json(data, "--problem"), None
         spec = _replay_kernel(args.kernel, problem.family.value)
+    note = chunk_mismatch(spec, problem)
+    if note:
+        print(note, file=sys.stderr)
     record = replay(spec, problem, grad_of, RunOptions(policy=_policy(args)))
     keys = ("kernel", "grad_of", "family", "dtype", "length", "regime", "verdict", "cause", "why", "cond_max", "max_abs",
             "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class", "outcome", "error")

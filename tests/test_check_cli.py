@@ -279,3 +279,23 @@ def test_a_usage_error_is_answered_before_torch_is_imported(tmp_path, args, says
                           timeout=60)
     assert proc.stdout.strip().splitlines()[-1] == "2 False False", _out(proc)
     assert f"harness: error: {says}" in proc.stderr or says in proc.stderr, _out(proc)
+
+
+def test_replay_notes_a_chunk_size_the_kernel_is_not_told(capsys):
+    """`harness replay --problem` with a chunk_size for a kernel that takes none judges it with a chunked form's
+    term it never gets (a blind hunt's edit turned cond 1.55 into 0.025, session 21); the replay says so, and the
+    other way round (a chunked kernel replayed without one runs at its default, held to the loop's bound)."""
+    from harness.cli import main
+
+    problem = {"family": "selective_scan", "length": 8, "dtype": "float32", "batch": 1, "dim": 2, "state": 2,
+               "seed": 1, "chunk_size": 4}
+    main(["replay", "--kernel", "intree.sequential_selective_scan", "--problem", json.dumps(problem)])
+    err = capsys.readouterr().err
+    assert "chunk_size=4 widens the bound" in err and "takes no chunk size" in err, err
+    gated = {"family": "simple_gla", "length": 8, "dtype": "float32", "batch": 1, "heads": 1, "dk": 4, "dv": 4,
+             "seed": 1}
+    main(["replay", "--kernel", "intree.simple_gla_chunk", "--problem", json.dumps(gated)])
+    err = capsys.readouterr().err
+    assert "takes a chunk size and the problem gives none" in err, err
+    main(["replay", "--kernel", "intree.simple_gla_chunk", "--problem", json.dumps(dict(gated, chunk_size=4))])
+    assert "note:" not in capsys.readouterr().err
