@@ -302,8 +302,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                           baseline=None if base is None or base[name] is None else base[name].detach(),
                           length_axis=-1 if axis is None else axis, cond_threshold=options.policy.cond_threshold,
                           element_axes_names=_axis_names(actual, axis, out_shape,
-                                                         problem.definition.input_axes.get(name)
-                                                         or _selective_bc_axes(problem, name)))
+                                                         problem.definition.input_axes(problem, name)))
             return div, judge(div, options.policy)
 
         div, judgement = judged(None)
@@ -377,13 +376,6 @@ def _chunk_rounding(problem: Problem, records: list[dict[str, Any]], got: dict[s
         if judge(div, options.policy).verdict is Verdict.EQUIVALENT:
             record["cause"] = "chunk_rounding" if record["cause"] == "kernel_bug" else record["cause"]
             record["why"] = f"{record['why']}; chunk rounding: {_CHUNK_CLAUSE.format(cond_max=div.cond_max)}"
-
-
-def _selective_bc_axes(problem: Problem, name: str) -> tuple[str, ...] | None:
-    """The selective scan's B and C: (batch, state, t), grouped (batch, group, state, t)."""
-    if problem.family is not Family.SELECTIVE_SCAN or name not in ("B", "C"):
-        return None
-    return ("batch", "group", "state", "t") if problem.groups else ("batch", "state", "t")
 
 
 def _axis_names(grad: torch.Tensor, axis: int | None, out_shape: tuple[int, ...],

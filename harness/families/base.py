@@ -105,10 +105,11 @@ class FamilyDef:
         no value per step."""
         return self.length_axis if name in self.per_step_inputs else None
 
-    #: Per input, the names of its axes in a gradient's record where they are not the output's (mamba's B
-    #: (batch, state, t) has the output's shape (batch, channel, t) when N = dim, but not its axes); an input
-    #: not named here is named by the output's axes when it has the output's shape, else by number.
-    input_axes: dict[str, tuple[str, ...]] = {}
+    def input_axes(self, p: "Problem", name: str) -> tuple[str, ...] | None:
+        """The names of input ``name``'s axes in a gradient's record where they are not the output's (mamba's B
+        (batch, state, t) has the output's shape (batch, channel, t) when N = dim, but not its axes); None: the
+        output's axes when it has the output's shape, else ``batch``, ``t`` and numbers (`harness.gradients`)."""
+        return None
 
     # ------------------------------------------------------------------------------- problems
     def validate(self, p: "Problem") -> None:

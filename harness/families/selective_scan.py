@@ -23,7 +23,11 @@ class SelectiveScan(FamilyDef):
     grad_inputs = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
     length_axis = -1
     per_step_inputs = ("u", "delta", "B", "C", "z")
-    input_axes = {"A": ("channel", "state"), "D": ("channel",), "delta_bias": ("channel",)}
+
+    def input_axes(self, p, name):
+        if name in ("B", "C"):
+            return ("batch", "group", "state", "t") if p.groups else ("batch", "state", "t")
+        return {"A": ("channel", "state"), "D": ("channel",), "delta_bias": ("channel",)}.get(name)
 
     def shapes(self, p):
         b, d, n, L = p.batch, p.dim, p.state, p.length

@@ -67,9 +67,6 @@ class SSD(StatefulFamily):
     regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay",
                "negative_steps")
     grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
-    input_axes = {"dt": ("batch", "t", "head"), "A": ("head",), "D": ("head",), "dt_bias": ("head",),
-                  "B": ("batch", "t", "group", "state"), "C": ("batch", "t", "group", "state"),
-                  "initial_states": ("batch", "head", "column", "state")}
     length_axis = 1
     per_step_inputs = ("x", "dt", "B", "C", "z")
     uses_matmuls = True
@@ -257,6 +254,11 @@ class SSD(StatefulFamily):
                                        softplus=p.delta_softplus, clamped=True)
             traces.update({"A": d_a.mapped(lambda f: f[:, 0]), "dt": d_pre, "dt_bias": d_pre.summed(1).summed(0)})
         return {name: t for name, t in traces.items() if name in names}
+
+    def input_axes(self, p, name):
+        return {"dt": ("batch", "t", "head"), "A": ("head",), "D": ("head",), "dt_bias": ("head",),
+                "B": ("batch", "t", "group", "state"), "C": ("batch", "t", "group", "state"),
+                "initial_states": ("batch", "head", "column", "state")}.get(name)
 
     def gradient_alternatives(self, p, x, want):
         """Without softplus a step whose pre-activation is exactly 0 sits on the clamp's kink (the drawn values
