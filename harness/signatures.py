@@ -12,14 +12,17 @@ The signature says what the kernel takes, so it is read (`capabilities_from_sign
 - the gated families' initial state and final-state flag (`FamilyDef.state_keywords`): a kernel whose
   signature names them is handed initial states and has its final state measured, as the family's
   signature documents them;
+- packed sequences (`FamilyDef.packed_keyword`, ``cu_seqlens`` / SSD's ``seq_idx``): a kernel whose signature
+  names the keyword is handed packed rows now and then (a blind hunt's plain function took ``cu_seqlens`` and
+  none of its 534 cases was packed, session 21);
 - ``chunk_size``: a required one is handed the chunk sizes every chunked kernel supports (powers of two
   from 16, what Triton's ``tl.dot`` blocks allow), a default one that default only (the kernel's own
   choice, now known to the harness: its bound then carries the chunk-form term of the gated families
   and the selective scan); an SSD kernel whose signature cannot be read (``*args``) is handed one, as the
   family's signature says.
 
-Nothing else is inferred: a kernel that takes more (other chunk sizes, packed sequences, grouped B and C
-left out) says so in a `KernelSpec` (``harness check --kernel file.py:SPEC``).
+Nothing else is inferred: a kernel that takes more (other chunk sizes, grouped B and C left out) says so in a
+`KernelSpec` (``harness check --kernel file.py:SPEC``).
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ def capabilities_from_signature(fn: Callable, family: Family | str,
 
         passed = ", ".join(f"{s:g}" for s in SCALES if s is not None)
         notes.append(f"its signature takes {fam.scale_keyword}: cases pass one now and then ({passed})")
+    if fam.packed_keyword is not None and fam.packed_keyword in params and not caps.varlen:
+        caps = replace(caps, varlen=True)
+        notes.append(f"its signature takes {fam.packed_keyword}: cases pack several sequences in a row now and then")
     chunk = params.get("chunk_size")
     sizes = None
     if chunk is not None and chunk.default is inspect.Parameter.empty:

@@ -190,3 +190,29 @@ def test_the_call_line_gives_a_packed_batch_s_boundaries():
     assert "seq_idx=(1, 5) int32 (cu_seqlens [0, 2, 5])" in ssd.describe_call(), ssd.describe_call()
     plain = Problem(family="gla", length=5, dtype="float32", batch=1, heads=2, dk=4, dv=4)
     assert "cu_seqlens" not in plain.describe_call()
+
+
+def simple_gla_packed(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    from reference_impls.gated_decay import simple_gla
+
+    return simple_gla(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, compute_dtype=q.dtype)
+
+
+def simple_gla_ignoring_its_packing(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+                                    cu_seqlens=None):
+    return simple_gla_packed(q, k, v, g, scale, initial_state, output_final_state)
+
+
+def test_a_signature_that_takes_cu_seqlens_gets_packed_rows():
+    """A plain function naming ``cu_seqlens`` (SSD: ``seq_idx``) is handed packed rows: before, none of a blind
+    hunt's 534 cases of such a kernel was packed (session 21). A kernel that takes it and ignores it is caught."""
+    caps, notes = capabilities_from_signature(simple_gla_packed, "simple_gla")
+    assert caps.varlen and any("cu_seqlens" in n for n in notes), notes
+    assert capabilities_from_signature(lambda x, dt, A, B, C, chunk_size, seq_idx=None: x, "ssd")[0].varlen
+    result = check(simple_gla_packed, family="simple_gla", profile="dev", dtypes=("float64",), max_examples=20,
+                   max_length=48, grad=False, save_counterexample=False)
+    assert result.passed, result.message
+    assert any(r.get("cu_seqlens") for r in result.records)
+    wrong = check(simple_gla_ignoring_its_packing, family="simple_gla", profile="dev", dtypes=("float64",),
+                  max_examples=30, max_length=48, grad=False, save_counterexample=False)
+    assert not wrong.passed

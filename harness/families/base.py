@@ -74,6 +74,8 @@ class FamilyDef:
             kernel that declares `Capabilities.initial_state` / `Capabilities.final_state`.
         scale_keyword: the keyword of the family's scale (simple_gla, gla: ``scale``), passed to a kernel that
             declares `Capabilities.scale` (or whose signature names it) now and then.
+        packed_keyword: the keyword of packed sequences (simple_gla, gla: ``cu_seqlens``; ssd: ``seq_idx``),
+            passed to a kernel that declares `Capabilities.varlen` (or whose signature names it) now and then.
         chunk_term: the oracle's bound carries a chunk-form term when the problem has a chunk size (decays
             formed as exp of differences of cumulative sums within a chunk: the gated families and the
             selective scan).
@@ -98,6 +100,7 @@ class FamilyDef:
     state_keywords: tuple[str, str] | None = None
     chunk_term: bool = False
     scale_keyword: str | None = None
+    packed_keyword: str | None = None
     swapped_layout: tuple[str, str] | None = None
 
     def input_length_axis(self, name: str) -> int | None:

@@ -114,6 +114,7 @@ class SimpleGLA(StatefulFamily):
     arg_order = ("q", "k", "v", "g")
     state_keywords = ("initial_state", "output_final_state")
     scale_keyword = "scale"
+    packed_keyword = "cu_seqlens"
     linear_input = "v"
     swapped_layout = ("heads", "(batch, heads, T, d): fla's old head_first=True layout")
     regimes = ("trained", "long_memory", "strong_decay", "mixed_heads", "large", "tiny", "uniform_decay")

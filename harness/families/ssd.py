@@ -64,6 +64,7 @@ class SSD(StatefulFamily):
     option_keywords = ("D", "z", "dt_bias", "dt_softplus")
     chunk_positional = True
     state_keywords = ("initial_states", "return_final_states")
+    packed_keyword = "seq_idx"
     regimes = ("trained", "long_memory", "strong_decay", "large_dt", "mixed_heads", "large", "tiny", "uniform_decay",
                "negative_steps")
     grad_inputs = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
