@@ -320,10 +320,17 @@ def gated_adjoints(x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[s
     g, h0 = x["g"], x.get("initial_state")
     e_a = None if input_rounding is None else input_rounding[0]
 
-    def run(args, gates, state, backwards: bool, gated_keys: bool) -> Trace:
+    want_state = "initial_state" in names and h0 is not None
+    finals = []  # dv's backward recurrence's state at each sequence's first step, kept from dv's run
+
+    def run(args, gates, state, backwards: bool, gated_keys: bool, keep_final: bool = False) -> Trace:
         if backwards:  # forms its own decays one step later, and its chunk term on the forward's chunks
-            return gated_decay.gla_adjoint_trace(*args, gates, scale, cu_seqlens, chunk_size=chunk_size,
-                                                 per_key=gated_keys, decay_rounding=e_a)
+            t = gated_decay.gla_adjoint_trace(*args, gates, scale, cu_seqlens, chunk_size=chunk_size,
+                                              per_key=gated_keys, decay_rounding=e_a, with_final=keep_final)
+            if keep_final:
+                t, final = t
+                finals.append(final)
+            return t
         if gated_keys:
             t = gated_decay.gla_trace(*args, gates, scale, initial_state=state, cu_seqlens=cu_seqlens,
                                       chunk_size=chunk_size)
@@ -336,7 +343,8 @@ def gated_adjoints(x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[s
         places, backwards = ADJOINT_PLACES[name]
         args = [cot if place == "cot" else x[place] for place in places]
         if not per_key or name == "v":
-            return run(args, g, None if h0 is None else h0.transpose(-1, -2), backwards, per_key)
+            return run(args, g, None if h0 is None else h0.transpose(-1, -2), backwards, per_key,
+                       keep_final=want_state and name == "v")
         b, length, heads, keys = g.shape  # one simple GLA per (head, key channel)
         wide = [a.unsqueeze(3).expand(-1, -1, -1, keys, -1).reshape(b, length, heads * keys, -1) for a in args[:2]]
         state = None if h0 is None else h0.reshape(h0.shape[0], heads * keys, -1, 1)
@@ -345,25 +353,21 @@ def gated_adjoints(x: dict[str, torch.Tensor], cot: torch.Tensor, names: tuple[s
         return t.mapped(lambda field: field.reshape(b, length, heads, keys))
 
     traces = {name: adjoint(name) for name in names if name in ADJOINT_PLACES}
-    if "initial_state" in names and h0 is not None:
-        traces["initial_state"] = initial_state_adjoint(x, cot, scale=scale, chunk_size=chunk_size,
-                                                        cu_seqlens=cu_seqlens, per_key=per_key, decay_rounding=e_a)
+    if want_state:
+        if not finals:  # dv not asked for: its run, for the state it reaches
+            adjoint("v")
+        traces["initial_state"] = initial_state_adjoint(finals[0], g, scale=scale, cu_seqlens=cu_seqlens,
+                                                        per_key=per_key, decay_rounding=e_a)
     return traces
 
 
-def initial_state_adjoint(x: dict[str, torch.Tensor], cot: torch.Tensor, *, scale: float, chunk_size: int | None,
-                          cu_seqlens: torch.Tensor | None, per_key: bool,
-                          decay_rounding: torch.Tensor | None = None) -> "Trace":
+def initial_state_adjoint(z0: "Trace", g: torch.Tensor, *, scale: float, cu_seqlens: torch.Tensor | None,
+                          per_key: bool, decay_rounding: torch.Tensor | None = None) -> "Trace":
     """The trace of the initial state's gradient, (sequences or batch, heads, K, V): every output o_r reads it
     through the decays of steps 0..r, so ``dS0 = scale exp(g_0) Z_0`` with ``Z_0 = sum_r exp(g_1 + ... + g_r)
-    q_r^T cot_r``, the state after the first step of the backward recurrence dv runs (`reference_impls.
-    gated_decay.gla_adjoint_trace`), per sequence; ``exp(g_0)`` on the key channels for GLA (its argument's
-    rounding, ``decay_rounding``, charged where the caller formed it)."""
-    from reference_impls import gated_decay
-
-    g = x["g"]
-    _, z0 = gated_decay.gla_adjoint_trace(x["k"], x["q"], cot, g, scale, cu_seqlens, chunk_size=chunk_size,
-                                          per_key=per_key, with_final=True, decay_rounding=decay_rounding)
+    q_r^T cot_r``, the state after the first step of the backward recurrence dv runs (``z0``, from the same run
+    as dv: `reference_impls.gated_decay.gla_adjoint_trace` with ``with_final``), per sequence; ``exp(g_0)`` on
+    the key channels for GLA (its argument's rounding, ``decay_rounding``, charged where the caller formed it)."""
 
     def at_starts(t: torch.Tensor) -> torch.Tensor:  # (sequences, heads[, K])
         return t[:, 0] if cu_seqlens is None else t[0, cu_seqlens[:-1]]
