@@ -76,6 +76,10 @@ class CheckResult:
     shrink_stopped: bool = False  # the shrink deadline ended shrinking: ``failure`` is the best so far
     #: Equivalent forward cases too long for their gradients to be taken (`harness.gradients.GRADIENT_MAX_LENGTH`).
     gradients_skipped: int = 0
+    #: Cases of a differentiable kernel whose forward is out_of_domain: no digit of the output is guaranteed (or
+    #: the inputs leave the dtype's range), so its gradient is not judged either; counted so that a search that
+    #: spends its gradients' budget there says so.
+    gradients_out_of_domain: int = 0
 
     @property
     def passed(self) -> bool:
@@ -475,7 +479,11 @@ def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpe
 
     def run(spec_, problem, options, *, store=None):
         record = run_case(spec_, problem, options, store=store)
-        if record["verdict"] != "equivalent" or not (spec.source == "user" or spec.capabilities.autograd):
+        if not (spec.source == "user" or spec.capabilities.autograd):
+            return record
+        if record["verdict"] == "out_of_domain":
+            result.gradients_out_of_domain += 1
+        if record["verdict"] != "equivalent":
             return record
         if not gradients_checked(problem):
             result.gradients_skipped += 1

@@ -286,6 +286,11 @@ def cmd_check(args) -> int:
 
         print(f"\ngradients: not taken on {skipped} equivalent case(s) longer than L={GRADIENT_MAX_LENGTH} (the float64 "
               "autograd oracle keeps every step's state; their forward outputs were checked)")
+    beyond = sum(result.gradients_out_of_domain for result in results  # a kernel shown differentiable
+                 if any(r.get("mode") == "grad" for r in result.records))
+    if beyond:
+        print(f"\ngradients: not judged on {beyond} case(s) whose forward is out_of_domain (no digit of the output is "
+              "guaranteed in the dtype, or the inputs leave its range; see the findings)")
     for result in results:
         if result.message:
             print("\n" + result.message)

@@ -108,6 +108,30 @@ def draw_problem(rng: random.Random, family, regime: str, dtype: str, *, chunked
     return Problem(**fields)
 
 
+def draw_states(problem, *, chunk_grid: int | None = None):
+    """``problem`` with an initial state, a final state and packed rows drawn where its family takes them (the
+    gated families), each half the time, as `harness.families.simple_gla.draw_state_options` draws them for
+    `harness check`: a packed batch is one row cut at 1 to 3 points, half the time on the chunk grid (the
+    problem's chunk, else 64). Drawn from the problem's own seed, so the run's other draws (and a run without
+    ``--states``) stay what they were; `_fit` takes away what a kernel does not declare."""
+    from harness.families.simple_gla import VARLEN_GRID
+
+    if problem.definition.state_keywords is None:
+        return problem
+    rng = random.Random(f"states:{problem.seed}")
+    fields = {"has_initial_state": rng.random() < 0.5, "final_state": rng.random() < 0.5}
+    length = problem.length
+    if length > 1 and rng.random() < 0.5:
+        grid = chunk_grid or VARLEN_GRID
+        if rng.random() < 0.5 and length > grid:
+            steps = (length - 1) // grid
+            cuts = [grid * j for j in rng.sample(range(1, steps + 1), rng.randint(1, min(3, steps)))]
+        else:
+            cuts = rng.sample(range(1, length), rng.randint(1, min(3, length - 1)))
+        fields.update(cu_seqlens=(0, *sorted(cuts), length), batch=1)
+    return problem.replace(**fields)
+
+
 def _fit(problem, spec):
     """``problem`` inside a kernel's declared capabilities (selective-scan options it does not take, its
     length limit, its head dims, grouped B/C, the chunk or length a form square in it can hold
@@ -159,6 +183,14 @@ def _fit(problem, spec):
     length = max(length, caps.min_length)
     if length != problem.length:
         changes["length"] = length
+    cuts = problem.cu_seqlens
+    if cuts is not None:  # packed rows: only for a kernel that takes them, cut where the fitted row still is
+        kept = [c for c in cuts[1:-1] if c < length] if caps.varlen else []
+        changes["cu_seqlens"] = (0, *kept, length) if kept else None
+    if problem.has_initial_state and not caps.initial_state:
+        changes["has_initial_state"] = False
+    if problem.final_state and not caps.final_state:
+        changes["final_state"] = False
     if caps.takes_chunk and chunk != problem.chunk_size:
         changes["chunk_size"] = chunk
     if problem.definition.draws_head_dims:
@@ -199,14 +231,15 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
         progress: bool, *, third_party: bool = False, planted_bugs: bool = True, max_seconds: float | None = None,
         families: tuple[str, ...] | None = None, max_length: int | None = None, shard=None,
         max_workers: int | None = None, timeout_s: float | None = None, grad: bool = False,
-        interpreted: bool = False) -> list[dict]:
+        interpreted: bool = False, states: bool = False) -> list[dict]:
     """Run ``cases`` problems per (dtype, family). Without a time limit the problems are drawn dtype by
     dtype and family by family (the order of the committed tables, so a rerun with the same seed draws
     the same problems); with one (``max_seconds``, checked between problems) round-robin over both, so
     that every (dtype, family) gets its share. ``shard`` (`harness.shard.Shard`): every problem is drawn,
     so the draws are the unsharded run's, and this job runs every N-th from the K-th (`--from-records`
     joins the jobs' records into the unsharded run's tables). ``interpreted``: the interpreted Triton
-    kernels alone (`kernels`), at the profile's lengths for them (``slow_max_length``) unless ``max_length``."""
+    kernels alone (`kernels`), at the profile's lengths for them (``slow_max_length``) unless ``max_length``.
+    ``states``: the gated families' problems carry initial states, final states and packed rows (`draw_states`)."""
     from harness.gradients import gradient_case, gradients_checked
     from harness.kernels.contract import Family
     from harness.problems import REGIMES
@@ -250,6 +283,8 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                                    and regime not in s.capabilities.skip_regimes]
                     base = draw_problem(rng, family, regime, dtype, chunked=True, profile=profile,
                                         max_length=max_length)
+                    if states:
+                        base = draw_states(base, chunk_grid=base.chunk_size)
                     position += 1
                     if shard is not None and position % shard.count != shard.index - 1:
                         continue  # drawn (the draws stay the unsharded run's), run by another job
@@ -584,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interpreted", action="store_true",
                         help="the third-party kernels run by the Triton interpreter on this CPU, alone (fla's, "
                              "mamba-ssm's, accelerated-scan's), at the profile's lengths for them; no planted bugs")
+    parser.add_argument("--states", action="store_true",
+                        help="the gated families' problems also carry initial states, final states and packed rows "
+                             "(cu_seqlens / seq_idx), each half the time, for the kernels that declare them")
     parser.add_argument("--from-records", nargs="+", default=None, metavar="FILE",
                         help="build the tables from these --records files (the jobs of a sharded run) instead of "
                              "running; give the run's own --cases, --profile and --dtypes")
@@ -607,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
                    progress=not args.quiet, third_party=args.third_party, planted_bugs=not (args.no_planted or args.interpreted),
                    max_seconds=args.max_seconds, families=families, max_length=args.max_length, shard=shard,
                    max_workers=args.max_workers, timeout_s=args.timeout, grad=args.grad,
-                   interpreted=args.interpreted)
+                   interpreted=args.interpreted, states=args.states)
     given = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--records", "--out"):  # where this run wrote things is not part of what it measured
         if flag in given:

@@ -187,3 +187,46 @@ def test_the_interpreted_kernels_are_calibrated_alone_at_their_lengths(calibrate
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     assert {r["kernel"] for r in rows} == {"accelerated_scan.scalar"}
     assert len(rows) == 1 and rows[0]["length"] <= LIMITS["ci"].slow_max_length
+
+
+def test_states_draw_initial_states_final_states_and_packed_rows_without_moving_the_other_draws(calibrate):
+    """``--states``: the gated families' problems carry initial states, final states and packed rows (the
+    calibration drew none: those paths had only `harness check`'s ci searches as evidence). They come from the
+    problem's own seed, so the run's draws stay the ones of a run without them, and `_fit` takes away what a
+    kernel does not declare (a packed row cut where the fitted row ends)."""
+    import random
+
+    from harness.kernels import registry
+    from harness.kernels.contract import Family
+
+    def draws(states: bool):
+        rng, out = random.Random(5), []
+        for i in range(60):
+            family = (Family.SIMPLE_GLA, Family.SSD, Family.RETENTION)[i % 3]
+            p = calibrate.draw_problem(rng, family, "trained", "float32", chunked=True, profile="ci")
+            out.append(calibrate.draw_states(p, chunk_grid=p.chunk_size) if states else p)
+        return out
+
+    plain, stated = draws(False), draws(True)
+    assert [p.seed for p in plain] == [p.seed for p in stated]
+    gated = [p for p in stated if p.family is not Family.RETENTION]
+    assert all(p == q for p, q in zip(plain, stated) if p.family is Family.RETENTION)
+    assert 0.25 < sum(p.has_initial_state for p in gated) / len(gated) < 0.75
+    assert any(p.final_state for p in gated)
+    packed = [p for p in gated if p.cu_seqlens is not None]
+    assert packed and all(p.batch == 1 and p.cu_seqlens[0] == 0 and p.cu_seqlens[-1] == p.length for p in packed)
+    assert calibrate.draw_states(stated[0]) == calibrate.draw_states(stated[0])  # seeded by the problem
+
+    from dataclasses import replace
+
+    full = next(s for s in registry.all_kernels() if s.family is Family.SIMPLE_GLA and s.capabilities.varlen
+                and s.capabilities.initial_state and s.capabilities.final_state)
+    bare = replace(full, capabilities=replace(full.capabilities, varlen=False, initial_state=False, final_state=False))
+    p = next(p for p in packed if p.family is Family.SIMPLE_GLA).replace(has_initial_state=True, final_state=True)
+    assert calibrate._fit(p, full).cu_seqlens == p.cu_seqlens and calibrate._fit(p, full).has_initial_state
+    fitted = calibrate._fit(p, bare)
+    assert (fitted.cu_seqlens, fitted.has_initial_state, fitted.final_state) == (None, False, False)
+    long_ = p.replace(length=100, cu_seqlens=(0, 10, 60, 100))
+    short = replace(full, capabilities=replace(full.capabilities, max_length=50))
+    assert calibrate._fit(long_, short).cu_seqlens == (0, 10, 50)  # the cut past the fitted row is gone
+    assert calibrate._fit(long_.replace(cu_seqlens=(0, 60, 100)), short).cu_seqlens is None

@@ -840,3 +840,32 @@ def test_a_chunked_backward_of_a_kernel_that_declares_no_chunk_is_named_chunk_ro
     records = {r["grad_of"]: r for r in gradient_case(spec, p, RunOptions())}
     assert records["C"]["verdict"] == "divergent" and records["C"]["cause"] == "chunk_rounding", records["C"]["why"]
     assert "declare its chunk size" in records["C"]["why"] and records["C"]["chunked_cond_max"] <= 1
+
+
+def test_a_case_whose_forward_is_out_of_domain_is_counted_as_a_gradient_not_judged():
+    """A forward out_of_domain (no digit of the output guaranteed) takes no gradient: the search counts those
+    cases (`CheckResult.gradients_out_of_domain`, a line of `harness check`), so that a gradient search that
+    spends its budget where it cannot judge says so instead of passing silently (a blind hunt: 10 of 25
+    float16 cases of a chunked simple GLA had no gradient record and no line said why)."""
+    from harness.api import CheckResult, _with_gradients
+
+    spec = get("intree.blelloch_scan")
+    assert spec.capabilities.autograd
+    verdicts = iter(["out_of_domain", "equivalent", "out_of_domain", "divergent"])
+    taken = []
+
+    def run_case(spec_, problem, options, *, store=None):
+        return {"verdict": next(verdicts), "kernel": spec.name}
+
+    def gradient_case(spec_, problem, options, *, forward):
+        taken.append(forward["verdict"])
+        return []
+
+    class _Problem:
+        length = 8
+
+    result = CheckResult()
+    run = _with_gradients(run_case, gradient_case, spec, result, store=None)
+    assert [run(spec, _Problem(), None)["verdict"] for _ in range(4)] == [
+        "out_of_domain", "equivalent", "out_of_domain", "divergent"]
+    assert taken == ["equivalent"] and result.gradients_out_of_domain == 2 and result.gradients_skipped == 0
