@@ -138,7 +138,7 @@ calibrate:
 CALIBRATE_SECONDS ?=
 CALIBRATE_SHARD ?=
 calibrate-nightly:
-	$(PYTHON) scripts/calibrate.py --profile nightly --cases 2000 --third-party --no-planted --timeout 900 \
+	$(PYTHON) scripts/calibrate.py --profile nightly --cases 2000 --third-party --no-planted --states --timeout 900 \
 	  $(if $(CALIBRATE_SECONDS),--max-seconds $(CALIBRATE_SECONDS)) $(if $(CALIBRATE_SHARD),--shard $(CALIBRATE_SHARD)) \
 	  --records reports/calibration-nightly$(if $(CALIBRATE_SHARD),-$(firstword $(subst /, ,$(CALIBRATE_SHARD)))).jsonl
 
