@@ -229,7 +229,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     ``forward``: the forward record of this problem when it was already taken (`harness check`); it is
     then not run again, and not returned. ``inputs``: the case's inputs when they are not the problem's
     own draw (the float64 rerun of `_second_dtype`: a low-precision case's inputs, upcast exactly).
-    A divergent gradient in a low precision is rerun in float64 to name its cause (`_second_dtype`).
+    A divergent gradient is rerun in a second dtype to name its cause (`_second_dtype`).
     """
     from harness.metrics import NO_POSITIONS, measure
 
@@ -325,9 +325,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                       or _domain_kind(div, ref, precision),
                       kernel=f"{spec.name}:grad[{name}]", t_kernel=round(t_kernel, 6))
         records.append(record)
-    if options.precision_counterfactual and precision != "float64" and any(
-            r["verdict"] == "divergent" for r in records):
-        _second_dtype(spec, problem, options, inputs, records)
+    if options.precision_counterfactual and any(r["verdict"] == "divergent" for r in records):
+        _second_dtype(spec, problem, options, inputs, records, precision)
     if options.precision_counterfactual and precision in ("float64", "float32"):
         for record in records:
             if record["verdict"] == "divergent" and record["cause"] in ("kernel_bug", "precision_loss"):
@@ -441,24 +440,43 @@ def _half_precision(record: dict[str, Any], actual: torch.Tensor | None, bound: 
 
 
 def _second_dtype(spec: KernelSpec, problem: Problem, options: RunOptions, inputs: dict[str, torch.Tensor],
-                  records: list[dict[str, Any]]) -> None:
-    """Name the cause of a divergent low-precision gradient as `runner._precision_counterfactual` does for
-    outputs: the same rounded inputs, upcast exactly, in float64. Where that input's gradient is equivalent
-    there, the backward is right and loses digits or range in the low precision (a Blelloch tree's adjoint
-    through products of decays that overflow in float32 where the exact gradient is finite): ``precision_loss``.
-    Otherwise, or where the kernel does not run float64 here, ``kernel_bug`` stays. The verdict is unchanged;
-    the float64 run's verdict and cond_max are recorded (``float64_*``)."""
-    if spec.capabilities.runs("float64", problem.device) is not None:
+                  records: list[dict[str, Any]], precision: str) -> None:
+    """Name the cause of a divergent gradient as `runner._precision_counterfactual` does for outputs: a
+    low-precision case reruns in float64 on the same rounded inputs (upcast exactly), a float64 case in float32
+    on its inputs rounded to float32. ``precision_loss`` where that input's gradient is equivalent in float64
+    (a Blelloch tree's adjoint through products of decays that overflow in float32 where the exact gradient is
+    finite), or where the two cond errors lie within `runner.PRECISION_SCALING` of each other, both finite: an
+    error that shrinks with the unit roundoff, as a log-space scan's gradient through its cumulative sums of
+    logs does (a blind hunt's correct Heinsen scan: db divergent at cond 1.6 in float64, called kernel_bug).
+    Otherwise, or where the kernel does not run the other dtype here, ``kernel_bug`` stays. The verdict is
+    unchanged; the other run's verdict and cond_max are recorded (``float64_*`` / ``float32_*``)."""
+    from harness.runner import _scales_with_roundoff
+
+    low = precision != "float64"
+    other = "float64" if low else "float32"
+    if spec.capabilities.runs(other, problem.device) is not None:
         return
-    again = {r.get("grad_of"): r for r in gradient_case(spec, problem.replace(dtype="float64", tf32=False),
-                                                        rerun_options(options), inputs=inputs_in("float64", inputs))}
+    again = {r.get("grad_of"): r for r in gradient_case(spec, problem.replace(dtype=other, tf32=False),
+                                                        rerun_options(options), inputs=inputs_in(other, inputs))}
     for record in records:
         if record["verdict"] != "divergent":
             continue
         there = again.get(record["grad_of"])
-        record["float64_verdict"] = None if there is None else there["verdict"]
-        record["float64_cond_max"] = None if there is None else there.get("cond_max")
-        if there is not None and there.get("mode") == "grad" and there["verdict"] == "equivalent":
-            record["cause"] = "precision_loss"
-            record["why"] = (f"{record['why']}; precision loss: the same inputs in float64 give an equivalent "
-                             f"gradient (cond_max {there.get('cond_max'):.3g})")
+        record[f"{other}_verdict"] = None if there is None else there["verdict"]
+        record[f"{other}_cond_max"] = None if there is None else there.get("cond_max")
+        if there is None or there.get("mode") != "grad":
+            continue
+        wide, narrow = (there, record) if low else (record, there)
+        if low and there["verdict"] == "equivalent":
+            found = f"the same inputs in float64 give an equivalent gradient (cond_max {there.get('cond_max'):.3g})"
+        elif (there["verdict"] in ("equivalent", "divergent") and not there.get("n_kernel_nonfinite")
+              and not record.get("n_kernel_nonfinite")
+              and _scales_with_roundoff(wide.get("cond_max"), narrow.get("cond_max"))):
+            found = (f"the error shrinks with the unit roundoff, as rounding does and a mistake does not: cond_max "
+                     f"{wide.get('cond_max'):.3g} in float64, {narrow.get('cond_max'):.3g} in {narrow.get('dtype', other)} "
+                     f"on the same inputs{' rounded to float32' if not low else ''} (each in units of its own dtype's "
+                     "rounding bound)")
+        else:
+            continue
+        record["cause"] = "precision_loss"
+        record["why"] = f"{record['why']}; precision loss: {found}"

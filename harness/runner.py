@@ -279,8 +279,12 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         record["eps0_cond_max"] = zero.get("cond_max")
         if zero["verdict"] == Verdict.EQUIVALENT.value:
             cause = "eps_effect"
+            placement = (problem.definition.eps_placement(
+                problem, {k: v.detach().to(device="cpu", dtype=torch.float64) for k, v in inputs.items()},
+                outputs["output"], spec.convention) if outputs.get("output") is not None else None)
             judgement = Judgement(judgement.verdict, judgement.why + (
-                f"; eps effect: the same case at eps=0 is equivalent (cond_max {zero.get('cond_max'):.3g})"))
+                f"; eps effect: the same case at eps=0 is equivalent (cond_max {zero.get('cond_max'):.3g})")
+                + (f"; {placement}" if placement else ""))
     if (cause == "kernel_bug" and options.future_leak_probe and div.onset_t is not None
             and outputs.get("output") is not None):
         t0 = time.perf_counter()
@@ -543,6 +547,11 @@ FACTOR_MIN_ELEMENTS = 16
 FACTOR_MIN_ELEMENTS_KNOWN = 4
 #: How far (relative) a least-squares factor may lie from a usual one for that one to be tried.
 FACTOR_NEAR = 0.05
+#: ... and how far from 1, in units of the dtype's unit roundoff, the least-squares factor itself must lie to be
+#: tried: a half-precision output within a few roundings of the oracle's times 1 is no scale convention (a
+#: blind hunt's chunk-boundary slip, float16, L = 32, was "1.0026 times the oracle's: another convention";
+#: 1.0026 is 5.3 float16 roundings). In float32 and float64 `FACTOR_MIN_OFFSET` is the larger.
+FACTOR_MIN_ROUNDINGS = 8
 
 
 def _constant_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any],
@@ -580,7 +589,8 @@ def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor, 
     """The constant factors (with what each means) that ``actual`` may be ``exact`` times, in the order to
     try them: the usual ones within `FACTOR_NEAR` of the least-squares factor c, nearest first, then c
     itself; none when c is not finite, 0, or within `FACTOR_MIN_OFFSET` of 1, or with fewer than
-    `FACTOR_MIN_ELEMENTS_KNOWN` finite elements in a half precision (c itself: `FACTOR_MIN_ELEMENTS`).
+    `FACTOR_MIN_ELEMENTS_KNOWN` finite elements in a half precision (c itself: `FACTOR_MIN_ELEMENTS`, and c
+    more than `FACTOR_MIN_ROUNDINGS` of the dtype's roundings from 1).
     `_constant_factor` asks, and the gradients' check (`harness.gradients`)."""
     x, o = actual.detach().to("cpu", torch.float64), exact.detach().to("cpu", torch.float64)
     both = torch.isfinite(x) & torch.isfinite(o)
@@ -596,7 +606,8 @@ def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor, 
     near = sorted((abs(f - c), i) for i, (f, _) in enumerate(known)
                   if abs(f - c) <= FACTOR_NEAR * abs(f))  # ties: the more specific meaning, listed first
     tries = [known[i] for _, i in near]
-    if n >= FACTOR_MIN_ELEMENTS:  # a few elements are always some factor of the oracle's
+    resolution = FACTOR_MIN_ROUNDINGS * dtypes.unit_roundoff(precision)
+    if n >= FACTOR_MIN_ELEMENTS and abs(c - 1) > resolution:  # a few elements are always some factor of the oracle's
         tries.append((c, "another scale or sign convention than the family's (the README's kernel contract)"))
     return tries
 

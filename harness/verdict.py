@@ -415,15 +415,17 @@ def _range_why(rec: Divergence, name: str, max_finite: float, ranged: int) -> st
                 "there, as a correct loop can be, e.g. a norm of a row rounded to zeros)")
     if rec.domain_cause in ("loop_nonfinite", "near_overflow", "terms"):  # the exact values are in range
         return f"{what}{where}{rows}"
+    if rec.domain_cause == "norm":  # inputs and output in range: the norm's own exact intermediates are not
+        return f"{what}{where}{rows}, in exact arithmetic too (the inputs themselves are in range)"
     return f"{what}{where}{rows}, the inputs overflow the dtype even in exact arithmetic"
 
 
 _HEADLINES: dict[Verdict, str] = {
     Verdict.EQUIVALENT: "Kernel output is equivalent to the float64 oracle.",
     Verdict.DIVERGENT: "Kernel output diverges from the float64 oracle.",
-    Verdict.OUT_OF_DOMAIN: ("The case is out of domain: its inputs overflow the dtype even in exact arithmetic, "
-                            "its exact values lie within their error bound of the dtype's max, or no digit of the "
-                            "output is guaranteed in the dtype."),
+    Verdict.OUT_OF_DOMAIN: ("The case is out of domain: its inputs (or a norm's exact intermediates) overflow the "
+                            "dtype even in exact arithmetic, its exact values lie within their error bound of the "
+                            "dtype's max, or no digit of the output is guaranteed in the dtype."),
     Verdict.KERNEL_ERROR: "The kernel failed; there is no output to compare with the float64 oracle.",
 }
 

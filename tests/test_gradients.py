@@ -869,3 +869,37 @@ def test_a_case_whose_forward_is_out_of_domain_is_counted_as_a_gradient_not_judg
     assert [run(spec, _Problem(), None)["verdict"] for _ in range(4)] == [
         "out_of_domain", "equivalent", "out_of_domain", "divergent"]
     assert taken == ["equivalent"] and result.gradients_out_of_domain == 2 and result.gradients_skipped == 0
+
+
+def test_a_float64_gradient_that_shrinks_with_the_roundoff_is_precision_loss_not_a_kernel_bug():
+    """A correct Heinsen (log-space) scan's db in float64 exceeds float64's adjoint bound at cond 1.6 (L = 63;
+    a blind hunt, session 22): autograd through the cumulative sums of logs loses digits a loop keeps. The
+    float32 rerun on the inputs rounded to float32 errs by about as many of float32's roundings (1.27): rounding
+    of the algorithm, ``precision_loss``, as the forward names it; before, only a low-precision gradient had a
+    second-dtype run, and this one was a ``kernel_bug``. A float64 backward that is wrong stays one."""
+    from tests.test_precision_edge import _log_space_scan as heinsen
+
+    problem = Problem("linear_scan", 63, dtype="float64", regime="trained", batch=1, dim=1, seed=0)
+    spec = KernelSpec(name="test.heinsen", family="linear_scan", load=lambda: heinsen,
+                      capabilities=Capabilities(autograd=True), source="test")
+    db = next(r for r in gradient_case(spec, problem) if r.get("grad_of") == "b")
+    assert db["verdict"] == "divergent" and db["cause"] == "precision_loss", db["why"]
+    assert db["float32_verdict"] in ("equivalent", "divergent") and 0.1 < db["float32_cond_max"] / db["cond_max"] < 10
+    assert "shrinks with the unit roundoff" in db["why"]
+    off = next(r for r in gradient_case(spec, problem, RunOptions(precision_counterfactual=False))
+               if r.get("grad_of") == "b")
+    assert off["verdict"] == "divergent" and off["cause"] == "kernel_bug"
+
+    def loop(a, b):
+        h, out = torch.zeros_like(b[..., 0]), []
+        for t in range(b.shape[-1]):
+            h = a[..., t] * h + b[..., t]
+            out.append(h)
+        return torch.stack(out, -1)
+
+    wrong = KernelSpec(name="test.db_off", family="linear_scan", capabilities=Capabilities(autograd=True),
+                       source="test", load=lambda: _planted_backward(
+                           loop, lambda xs, cot: [*_autograd(loop, xs, cot, torch.float64, scaled={1: 1 + 1e-9})]))
+    db = next(r for r in gradient_case(wrong, problem) if r.get("grad_of") == "b")
+    assert db["verdict"] == "divergent" and db["cause"] == "kernel_bug", db["why"]
+    assert db["float32_verdict"] == "equivalent" and db["cond_max"] > 1e3 * db["float32_cond_max"]

@@ -379,6 +379,8 @@ def test_a_norm_that_cannot_be_evaluated_excludes_its_own_positions_not_the_rest
     rec = run_case(registry.get(kernel), RAMP_F16)
     assert rec["verdict"] == "out_of_domain" and rec["domain_cause"] == "norm", rec["why"]
     assert "at those positions only" in rec["why"] and rec["domain_onset_t"] == 0
+    # what leaves the range is the norm's own exact intermediates, not the inputs (all near 1/32 to 1 here)
+    assert "the inputs themselves are in range" in rec["why"] and "the inputs overflow" not in rec["why"], rec["why"]
     trace = reference_trace(RAMP_F16, {k: v for k, v in RAMP_F16.make_inputs().items()})
     limit = float(torch.finfo(torch.float16).max) / (1 + metrics.default_depth(32) * 2.0**-11)
     assert rec["n_out_of_domain"] == int((trace.norm_peak > limit).sum()) == 48  # 3 of 32 positions

@@ -84,6 +84,26 @@ def test_retnet_seed_eps_effect(name, eps):
     else:
         assert record["verdict"] == "divergent", record["why"]
         assert record["cause"] == "eps_effect", record["why"]
+        assert "eps outside the root" not in record["why"]  # torchscale's eps is inside, on a rescaled o
+
+
+def retention_eps_outside_the_root(q, k, v, eps):
+    """Retention normed as ``o / (sqrt(mean(o^2)) + eps)``: eps outside the root, against the convention."""
+    o = get("intree.retention_parallel").callable()(q, k, v)
+    return o / ((o * o).mean(-1, keepdim=True).sqrt() + eps)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_eps_outside_the_root_is_an_eps_effect_that_says_where_eps_went(dtype):
+    """An eps effect is true of eps in the wrong place too, and the README's advice for torchscale's (declare
+    ``eps_values=(0,)``) would hide that slip: the why says where the kernel put eps (a blind hunt's kernel,
+    session 22: every dtype ``eps_effect``, nothing said eps was outside the root)."""
+    from harness.api import user_kernel_spec
+
+    spec = user_kernel_spec(retention_eps_outside_the_root, family="retention_normed")
+    record = run_case(spec, Problem("retention_normed", eps=1e-5, dtype=dtype, **RETNET_SEED))
+    assert record["verdict"] == "divergent" and record["cause"] == "eps_effect", record["why"]
+    assert "eps outside the root" in record["why"] and "put eps inside the square root" in record["why"]
 
 
 def test_retnet_seed_forms_agree_at_eps_zero_differential():

@@ -226,6 +226,13 @@ class FamilyDef:
         the two it is nearer (`harness.gradients`). Empty where there is no kink."""
         return {}
 
+    def eps_placement(self, p: "Problem", x: dict[str, torch.Tensor], actual: torch.Tensor,
+                      convention: RetentionConvention) -> str | None:
+        """For an output found divergent through the norm's eps only (`harness.runner`'s ``eps_effect``): a clause
+        saying where the kernel puts eps when its output is another placement's (eps outside the root), else
+        None. Only a family with a norm has one."""
+        return None
+
     def gradient_norm_peak(self, p: "Problem", x: dict[str, torch.Tensor], names: tuple[str, ...],
                            convention: RetentionConvention) -> dict[str, torch.Tensor] | None:
         """Per element of each input in ``names``: the largest intermediate a correct backward forms on the

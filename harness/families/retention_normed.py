@@ -9,6 +9,11 @@ from harness.families.retention import Retention
 from harness.kernels.contract import DTYPE_NAMES, Family
 
 
+#: How many times nearer the family's output with eps outside the root a kernel's output must lie than the
+#: family's own for `RetentionNormed.eps_placement` to say the kernel puts it there.
+EPS_PLACEMENT_MARGIN = 10.0
+
+
 class RetentionNormed(Retention):
     family = Family.RETENTION_NORMED
     takes_eps = True
@@ -40,6 +45,25 @@ class RetentionNormed(Retention):
 
         gamma, scale = self._convention(p, convention)
         return retention_normed_trace(x["q"], x["k"], x["v"], p.eps, gamma=gamma, scale=scale)
+
+    def eps_placement(self, p, x, actual, convention):
+        """``o / (sqrt(mean(o^2)) + eps)`` (eps outside the root, a common slip) where the kernel's output lies
+        nearer it than the family's ``o / sqrt(mean(o^2) + eps)`` by `EPS_PLACEMENT_MARGIN`, ``o`` the float64
+        retention on the case's inputs; both distances in the clause. An eps effect is otherwise an eps the
+        kernel scales (torchscale normalises a rescaled o), and the why says only that eps=0 agrees."""
+        o = Retention.trace(self, p, x, convention).out
+        mean_square = (o * o).mean(-1, keepdim=True)
+        inside = o / (mean_square + p.eps).sqrt()
+        outside = o / (mean_square.sqrt() + p.eps)
+        got = actual.detach().to(device="cpu", dtype=torch.float64)
+        both = torch.isfinite(got) & torch.isfinite(inside) & torch.isfinite(outside)
+        if not bool(both.any()):
+            return None
+        far, near = (float((got - y)[both].abs().max()) for y in (inside, outside))
+        if not far > EPS_PLACEMENT_MARGIN * near:
+            return None
+        return (f"the output is o / (sqrt(mean(o^2)) + eps), eps outside the root (max distance {near:.3g}; "
+                f"{far:.3g} from the family's o / sqrt(mean(o^2) + eps)): put eps inside the square root")
 
     def differentiable(self, p, x, convention):
         from reference_impls import autograd as ad
