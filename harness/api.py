@@ -40,6 +40,10 @@ def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | 
             raise InvalidArgument(f"family={family!r}: kernel {target!r} is registered in family "
                                   f"{spec.family.value!r}; leave --family out or give that one")
         return spec
+    if isinstance(target, str):
+        from harness.kernels.isolation import probe_target
+
+        probe_target(target, None if family is None else Family.parse(family).value)  # its import, in a worker
     obj = resolve_target(target) if isinstance(target, str) else target
     if isinstance(obj, KernelSpec):
         if family is not None and Family.parse(family) is not obj.family:

@@ -923,6 +923,32 @@ def _close_at_exit() -> None:
         _ATEXIT = True
 
 
+def probe_target(target: str, family: str | None) -> None:
+    """Load a user's ``module:attr`` / ``file.py:attr`` target in its worker before this process imports it (to
+    read its signature, `harness.signatures`): a module that exits, is killed or hangs while it loads ends or
+    stops that worker, not the harness, and is a usage error naming it (a blind hunt's ``os._exit(7)`` at
+    import ended a whole project's run with no report). The worker stays, and runs the kernel's cases. A
+    load that raises is left to this process's import, which names it (`registry.resolve_target`); one that
+    raises ``KeyboardInterrupt`` is named here, as no Ctrl-C stopped the worker. Nothing is probed in a worker
+    or with ``isolation="process"`` off (`configure`)."""
+    from harness.errors import InvalidArgument
+
+    if _IN_WORKER or default_isolation() != "process":
+        return
+    try:
+        worker_for(KernelRef("target", target, family))
+    except WorkerCrashed as exc:
+        text = str(exc)
+        if not text.startswith(LOAD_FAILED) or ": KeyboardInterrupt" in text:
+            raise InvalidArgument(f"kernel={target!r}: loading it in a worker process failed: {text}; the harness "
+                                  "does not import it in its own process; expected a module that imports "
+                                  "cleanly") from None
+    except WorkerTimeout as exc:
+        raise InvalidArgument(f"kernel={target!r}: loading it in a worker process did not finish ({exc}; "
+                              f"`START_TIMEOUT_S` = {START_TIMEOUT_S:g} s); expected a module that imports in "
+                              "bounded time") from None
+
+
 def warm(ref: KernelRef) -> None:
     """Start ``ref``'s worker now if it is not running, so that its start is not timed as the kernel's
     (a worker that fails to start is reported by the `run` that follows)."""

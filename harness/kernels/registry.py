@@ -8,6 +8,7 @@ callable returning either.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -111,6 +112,43 @@ def _import_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def _in_worker() -> bool:
+    from harness.kernels import isolation
+
+    return isolation._IN_WORKER
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Import a user's module without letting it take over the process: the handlers of SIGINT and SIGTERM
+    (a library that ignores them left a run that Ctrl-C and SIGTERM could not stop), and ``sys.stdout`` /
+    ``sys.stderr`` (a module that replaced or closed them silenced every message after it), are put back as
+    they were. What a module does to the process itself (exits, hangs) is met by `isolation.probe_target`
+    first, in a worker."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    streams = (sys.stdout, sys.stderr)
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+        for name, stream, fd in (("stdout", streams[0], 1), ("stderr", streams[1], 2)):
+            if stream is None:
+                continue
+            if getattr(stream, "closed", False):  # closed: a new stream on the same descriptor, if it is open
+                try:
+                    stream = open(os.dup(fd), "w", buffering=1, errors="replace")
+                except OSError:
+                    continue
+            if getattr(sys, name) is not stream:
+                setattr(sys, name, stream)
+
+
 def resolve_target(target: str) -> Callable:
     """``package.module:attr`` or ``path/to/file.py:attr`` -> the object it names.
 
@@ -140,17 +178,23 @@ def resolve_target(target: str) -> Callable:
         if folder not in sys.path:
             sys.path.insert(0, folder)
         try:
-            spec.loader.exec_module(module)
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file, not the harness, failed
+            with _process_state_kept():
+                spec.loader.exec_module(module)
+        except BaseException as exc:  # noqa: BLE001 - the user's file, not the harness, failed
             sys.modules.pop(mod_name, None)
+            if isinstance(exc, KeyboardInterrupt) and not _in_worker():  # a Ctrl-C while it loaded
+                raise
             raise InvalidArgument(f"kernel={target!r}: importing {str(path)!r} failed: {_import_error(exc)}; "
                                   "expected a Python file that imports cleanly") from None
     else:
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.append(os.getcwd())
         try:
-            module = importlib.import_module(where)
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - ImportError, SyntaxError, or raised at import
+            with _process_state_kept():
+                module = importlib.import_module(where)
+        except BaseException as exc:  # noqa: BLE001 - ImportError, SyntaxError, or raised at import
+            if isinstance(exc, KeyboardInterrupt) and not _in_worker():
+                raise
             raise InvalidArgument(f"kernel={target!r}: module {where!r} cannot be imported: "
                                   f"{_import_error(exc)}") from None
     obj = module

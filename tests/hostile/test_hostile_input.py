@@ -445,3 +445,81 @@ def test_a_kernel_file_imports_its_siblings_and_a_module_is_found_in_the_working
     assert resolve_target("rootmod_7f3a:fn").__name__ == "fn"
     for name in ("helpers_7f3a", "rootmod_7f3a"):
         sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("source, says", [
+    ("import os\nos._exit(7)\n", "worker process exited with code 7"),
+    ("raise KeyboardInterrupt\n", "KeyboardInterrupt"),
+], ids=["os._exit", "KeyboardInterrupt"])
+def test_a_kernel_file_that_ends_its_process_at_import_is_a_usage_error_not_the_end_of_the_run(
+        tmp_path, capsys, monkeypatch, source, says):
+    """The harness imports a kernel's file to read its signature; it is loaded in a worker first
+    (`isolation.probe_target`), so a file that exits there ends the worker, not the run (a blind hunt's
+    ``os._exit(7)`` at import: the harness exited 7 with no output and no report; a ``raise KeyboardInterrupt``
+    read as a Ctrl-C, exit 130)."""
+    from harness.kernels import isolation
+
+    monkeypatch.setattr(isolation._DEFAULTS, "isolation", "process")  # the CLI's default (the suite's: in-process)
+    path = tmp_path / "user_kernel.py"
+    path.write_text(source + "def k(a, b):\n    return b\n")
+    code, _, err = run_cli(capsys, *check_args(tmp_path, kernel=f"{path}:k"))
+    assert code == 2, err
+    assert f"kernel='{path}:k': loading it in a worker process failed" in err and says in err, err
+
+
+def test_a_kernel_file_that_hangs_at_import_is_a_usage_error(tmp_path, monkeypatch):
+    from harness.errors import InvalidArgument
+    from harness.kernels import isolation
+
+    path = tmp_path / "hangs.py"
+    path.write_text("import time\nwhile True:\n    time.sleep(0.1)\ndef k(a, b):\n    return b\n")
+    monkeypatch.setattr(isolation, "START_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(isolation._DEFAULTS, "isolation", "process")
+    with pytest.raises(InvalidArgument, match="did not start within 3 s"):
+        user_kernel_spec(f"{path}:k", family="linear_scan")
+
+
+def test_importing_a_kernel_file_leaves_the_signal_handlers_and_streams_as_they_were(tmp_path):
+    """A module that ignores SIGINT and SIGTERM (some libraries do) left a run Ctrl-C and SIGTERM could not stop;
+    one that replaced or closed sys.stdout and sys.stderr silenced every message after it."""
+    import os
+    import signal
+    import sys
+
+    path = tmp_path / "rude.py"
+    path.write_text("import io, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nsys.stdout = io.StringIO()\nsys.stderr.close()\n"
+                    "def k(a, b):\n    return b\n")
+    saved = sys.stdout, sys.stderr
+    ours = open(os.dup(1), "w"), open(os.dup(2), "w")  # streams of this test's own, for the module to take
+    sys.stdout, sys.stderr = ours
+    try:
+        handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        user_kernel_spec(f"{path}:k", family="linear_scan")
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+        assert sys.stdout is ours[0]  # put back
+        assert ours[1].closed and sys.stderr is not ours[1] and not sys.stderr.closed  # a new one on fd 2
+        assert os.fstat(sys.stderr.fileno()).st_ino == os.fstat(2).st_ino
+    finally:
+        replaced = sys.stderr
+        sys.stdout, sys.stderr = saved
+        for stream in (*ours, replaced):
+            if not stream.closed:
+                stream.close()
+
+
+def test_the_command_s_status_is_its_own_whatever_hooks_and_threads_a_kernel_s_module_left(tmp_path):
+    """An exit hook ``os._exit(0)`` registered at import turned a failing check's status 1 into 0 (a green CI for a
+    kernel that returns zeros), and a non-daemon thread started at import kept the finished process alive:
+    `harness.cli.entry` ends the process with the run's status (``os._exit``, after the workers are let go)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "hooks.py"
+    path.write_text("import atexit, os, threading, time, torch\natexit.register(lambda: os._exit(0))\n"
+                    "threading.Thread(target=lambda: time.sleep(10 ** 6)).start()\n"
+                    "def zeros(a, b):\n    return torch.zeros_like(b)\n")
+    argv = check_args(tmp_path, "--shrink-deadline", "0", kernel=f"{path}:zeros")
+    proc = subprocess.run([sys.executable, "-m", "harness", *argv], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "divergent" in proc.stdout
