@@ -64,10 +64,17 @@ class ForwardRaised(Exception):
         self.original = exc
 
 
+class InputWritten(Exception):
+    """The kernel wrote into an input during `_vjp` (the message says which)."""
+
+
 def _vjp(fn, inputs: dict[str, torch.Tensor], names: tuple[str, ...], cotangent: torch.Tensor,
          ) -> dict[str, torch.Tensor | None] | None:
     """The gradients of ``fn`` along ``cotangent``; None when its output is not differentiable."""
+    from harness.kernels.isolation import input_snapshots, written_input
+
     leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in inputs.items()}
+    handed = input_snapshots((), leaves)
     with torch.enable_grad():
         try:
             out = fn(leaves)
@@ -77,6 +84,9 @@ def _vjp(fn, inputs: dict[str, torch.Tensor], names: tuple[str, ...], cotangent:
             return None
         wanted = [leaves[k] for k in names]
         grads = torch.autograd.grad(out, wanted, cotangent.to(out.dtype), allow_unused=True)
+    written = written_input(handed, " in the forward and backward with inputs requiring grad")
+    if written is not None:
+        raise InputWritten(written)
     return dict(zip(names, grads))
 
 
@@ -101,6 +111,8 @@ def _kernel_vjp(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tens
 
         try:
             return Outcome.OK, _vjp(kernel, inputs, names, cot), False
+        except InputWritten as exc:
+            return Outcome.MUTATED_INPUT, str(exc), False
         except ForwardRaised as exc:
             return Outcome.RAISED, f"raised {exc}", True
         except Exception as exc:  # noqa: BLE001 - recorded by the caller
@@ -115,6 +127,8 @@ def _kernel_vjp(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tens
         return Outcome.OK, dict(zip(names, value)), False
     if status == "not_differentiable":
         return Outcome.OK, None, False
+    if status == "mutated_input":
+        return Outcome.MUTATED_INPUT, value, False
     if status == "forward_raised":
         return Outcome.RAISED, f"raised {value}", True
     if status == "timeout":
@@ -251,7 +265,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     if outcome is not Outcome.OK:  # a failing backward is a finding, recorded
         if forward_failed and not spec.capabilities.autograd:
             return []  # an undeclared kernel that cannot take inputs requiring grad: not differentiable
-        what = f"forward with inputs requiring grad {got}" if forward_failed else f"backward {got}"
+        what = (got if outcome is Outcome.MUTATED_INPUT
+                else f"forward with inputs requiring grad {got}" if forward_failed else f"backward {got}")
         message = f"{outcome.value}: {what}"
         record = dict(forward, mode="grad", grad_of="*", outcome=outcome.value, error=message,
                       kernel=f"{spec.name}:grad[*]", replay=_replay_gradient(forward.get("replay"), "*"))

@@ -179,8 +179,7 @@ def call_guarded(
     """Call ``fn(*args, **kwargs)`` (in ``worker``'s process when given) and check the contract on the output."""
     # every tensor it is handed, positional and keyword (an initial state, D, z, a bias): a kernel that
     # writes into one is reported as such, not as the nondeterminism its second call would show
-    handed = [(f"input #{i}", a) for i, a in enumerate(args)] + [(f"input {k!r}", v) for k, v in kwargs.items()]
-    snapshots = [(name, a, a.clone()) for name, a in handed if isinstance(a, torch.Tensor)]
+    snapshots = isolation.input_snapshots(args, kwargs)
     expected_device = torch.device(expected_device)
     if worker is not None:
         isolation.warm(worker)  # a worker's start is not the kernel's time
@@ -193,12 +192,10 @@ def call_guarded(
         return CallResult(Outcome.CRASHED, None, value, seconds, note)
     if status == "raised":
         return CallResult(Outcome.RAISED, None, value, seconds, note)
-    for name, arg, snap in snapshots:
-        if not _same(arg, snap):
-            n = int((arg != snap).sum()) if arg.shape == snap.shape else arg.numel()
-            return CallResult(Outcome.MUTATED_INPUT, value if isinstance(value, torch.Tensor) else None,
-                              f"{name} (shape {tuple(snap.shape)}) was written to: {n} elements changed",
-                              seconds, note)
+    written = isolation.written_input(snapshots)
+    if written is not None:
+        return CallResult(Outcome.MUTATED_INPUT, value if isinstance(value, torch.Tensor) else None, written,
+                          seconds, note)
     if status == "value":
         return CallResult(Outcome.NOT_A_TENSOR, None,
                           f"returned {value}, expected a torch.Tensor of shape {expected_shape}", seconds, note)
@@ -223,6 +220,9 @@ def call_guarded(
                               + (value2 or f"no result after {timeout_s:g} s"), seconds, note)
         if status2 == "crashed":
             return CallResult(Outcome.CRASHED, None, f"the second call (determinism check): {value2}", seconds, note)
+        written = isolation.written_input(snapshots, " on the second call (determinism check)")
+        if written is not None:
+            return CallResult(Outcome.MUTATED_INPUT, value, written, seconds, note)
         if isinstance(value2, tuple):
             value2 = value2[0]
         if status2 == "ok" and isinstance(value2, torch.Tensor) and not _same(value.detach(), value2.detach()):

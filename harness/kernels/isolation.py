@@ -462,7 +462,8 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
     except BaseException as exc:  # noqa: BLE001 - said to the parent, which records it
         conn.send(("load_error", _describe(exc)))
         return
-    conn.send(("ready", os.getpid()))
+    me = os.getpid()
+    conn.send(("ready", me))
     arena = None
     while True:
         try:
@@ -485,6 +486,7 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
             else:  # "vjp": extra = (the differentiated args: positions or keyword names, cotangent)
                 wanted, cot = extra
                 args, leaves = differentiable(args, kwargs, wanted)
+                handed = input_snapshots(args, kwargs)  # a write in training's call is one too
                 with torch.enable_grad():
                     try:
                         out = fn(*args, **kwargs)
@@ -499,8 +501,13 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
                     else:
                         grads = torch.autograd.grad(out, leaves, cot.to(out.dtype), allow_unused=True)
                         reply = ("ok", tuple(None if g is None else g.detach() for g in grads))
+                written = written_input(handed, " in the forward and backward with inputs requiring grad")
+                if written is not None:
+                    reply = ("mutated_input", written)
         except BaseException as exc:  # noqa: BLE001 - any kernel failure is a finding
             reply = ("raised", _describe(exc))
+        if os.getpid() != me:  # a process the kernel forked came back through this loop: it must not answer
+            os._exit(0)  # (nor read the next request); its parent, the worker, answers for the call
         del args, kwargs
         arena.cursor = cursor  # the output goes after the inputs
         reply = (reply[0], _pack(reply[1], arena)) if reply[0] == "ok" else reply
@@ -861,6 +868,25 @@ def same_bits(x, y) -> bool:
         y = y.to(x.device)
     return bool(torch.equal(x, y) or torch.equal(torch.nan_to_num(x, nan=0.0), torch.nan_to_num(y, nan=0.0))
                 and torch.equal(torch.isnan(x), torch.isnan(y)))
+
+
+def input_snapshots(args, kwargs) -> list:
+    """``(name, tensor, copy)`` of every tensor a kernel is handed, positional and keyword (an initial state, D,
+    z, a bias), for `written_input` after the call."""
+    import torch
+
+    handed = [(f"input #{i}", a) for i, a in enumerate(args)] + [(f"input {k!r}", v) for k, v in kwargs.items()]
+    return [(name, a, a.detach().clone()) for name, a in handed if isinstance(a, torch.Tensor)]
+
+
+def written_input(snapshots: list, when: str = "") -> str | None:
+    """What a kernel wrote into the inputs `input_snapshots` copied (the first one changed), else None."""
+    for name, arg, snap in snapshots:
+        now = arg.detach()
+        if not same_bits(now, snap):
+            n = int((now != snap).sum()) if now.shape == snap.shape else now.numel()
+            return f"{name} (shape {tuple(snap.shape)}) was written to{when}: {n} elements changed"
+    return None
 
 
 _WORKERS: "collections.OrderedDict[tuple, Worker]" = collections.OrderedDict()

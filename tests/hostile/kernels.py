@@ -123,3 +123,37 @@ def needs_half_a_cpu_second_on_cpu0(a: torch.Tensor, b: torch.Tensor) -> torch.T
     while time.thread_time() - start < 0.5:
         pass
     return blelloch_linear_scan(a, b)
+
+
+_CALLS = {"n": 0}
+
+
+def writes_on_its_second_call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Right, and adds 1 to ``a`` on the worker's second call (the determinism check's)."""
+    _CALLS["n"] += 1
+    out = correct(a, b)
+    if _CALLS["n"] == 2:
+        with torch.no_grad():
+            a.add_(1.0)
+    return out
+
+
+def zeroes_b_in_training(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Right, and wipes ``b`` whenever ``b`` requires grad (a training step's call)."""
+    out = correct(a, b)
+    if b.requires_grad:
+        with torch.no_grad():
+            b.zero_()
+    return out
+
+
+def forks_a_child_that_returns(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Forks a child that returns zeros at once (back into the worker's loop), and returns the right output
+    itself a little later: the child must not answer for the call."""
+    import os
+    import time
+
+    if os.fork() == 0:
+        return torch.zeros_like(b)
+    time.sleep(0.3)
+    return correct(a, b)

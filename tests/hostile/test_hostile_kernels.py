@@ -347,3 +347,35 @@ def test_a_kernel_waiting_for_a_busy_cpu_is_given_that_time_back_not_a_timeout()
             hog.wait()
     assert record["verdict"] == "equivalent", record.get("error") or record.get("why")
     assert 1.0 < record["t_kernel"] < isolation.STARVED_TIMEOUT_FACTOR * 1.0  # past its timeout, on a busy CPU
+
+
+@pytest.mark.parametrize("name, says, which", [
+    ("writes_on_its_second_call", "on the second call (determinism check)", "input #0"),
+    ("zeroes_b_in_training", "in the forward and backward with inputs requiring grad", "input #1"),
+])
+def test_a_write_into_an_input_on_any_call_is_mutated_input(name, says, which):
+    """Only the first call's inputs were compared: a kernel that wiped ``b`` whenever it required grad (every
+    training step) passed 15 of 15 equivalent (a blind hunt, session 22), one that wrote on its second call too."""
+    from harness.gradients import gradient_case
+
+    p = problem()
+    options = RunOptions(timeout_s=20.0, isolation="process", check_determinism=True)
+    if name == "writes_on_its_second_call":
+        rec = run_case(spec(name), p, options)
+        assert rec["verdict"] == "kernel_error" and rec["cause"] == "mutated_input", rec["why"]
+    else:
+        forward = run_case(spec(name), p, options)
+        assert forward["verdict"] == "equivalent", forward["why"]  # without grad it writes nothing
+        (rec,) = gradient_case(spec(name), p, options, forward=forward)
+        assert rec["verdict"] == "kernel_error" and rec["cause"] == "mutated_input", rec["why"]
+        (local,) = gradient_case(spec(name), p, RunOptions(timeout_s=None), forward=forward)  # in this process too
+        assert local["cause"] == "mutated_input" and says in local["error"] and "input 'b'" in local["error"]
+    assert says in rec["error"] and which in rec["error"], rec["error"]
+
+
+def test_a_child_the_kernel_forks_does_not_answer_for_the_call(tmp_path):
+    """The child of a ``fork`` inside the kernel returned into the worker's loop and sent its zeros as the call's
+    result; every later record was then one call behind (a blind hunt: "returned shape (2, 2, 509), expected
+    (1, 1, 1)" for an L=1 case). It now ends without a word, and each call gets its own answer."""
+    records = _between_correct_runs(tmp_path, "forks_a_child_that_returns")
+    assert [r["verdict"] for r in records] == ["equivalent"] * 5, [(r["kernel"], r["why"]) for r in records]
