@@ -84,6 +84,10 @@ class CheckResult:
     #: the inputs leave the dtype's range), so its gradient is not judged either; counted so that a search that
     #: spends its gradients' budget there says so.
     gradients_out_of_domain: int = 0
+    #: Cases of a user kernel whose output carried no gradient (detached, computed under ``no_grad``, or a kernel
+    #: without autograd): nothing to differentiate; counted so that `harness check` says its gradients were not
+    #: checked (a blind hunt's kernel that detached its output passed with no word of it).
+    gradients_not_differentiable: int = 0
 
     @property
     def passed(self) -> bool:
@@ -125,6 +129,9 @@ def dtype_names(dtypes: "str | torch.dtype | Iterable[str | torch.dtype] | None"
         return None
     if isinstance(dtypes, (str, torch.dtype)):
         dtypes = (dtypes,)
+    if not isinstance(dtypes, Iterable):
+        raise InvalidArgument(f"dtypes={dtypes!r} is a {type(dtypes).__name__}; expected a dtype name, a "
+                              "comma-separated list of them, a torch.dtype or an iterable of either")
     names: list[str] = []
     for d in dtypes:
         if isinstance(d, torch.dtype):
@@ -134,7 +141,24 @@ def dtype_names(dtypes: "str | torch.dtype | Iterable[str | torch.dtype] | None"
         else:
             raise InvalidArgument(f"dtypes contains {d!r}, a {type(d).__name__}; expected dtype names such as "
                                   f"'float32' (or torch dtypes)")
-    return tuple(names)
+    return tuple(dict.fromkeys(names))  # a dtype named twice is one search, not two
+
+
+def _policy_argument(policy):
+    """``policy`` as a `Policy`: one already, None (the defaults), the CLI's spec string (``"cond=4,baseline=3"``)
+    or a mapping of its keys; anything else is an `InvalidArgument` naming it."""
+    from collections.abc import Mapping
+
+    from harness.verdict import Policy
+
+    if policy is None or isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        return Policy.parse(policy)
+    if isinstance(policy, Mapping):
+        return Policy.parse(",".join(f"{k}={v}" for k, v in policy.items()))
+    raise InvalidArgument(f"policy={policy!r} is a {type(policy).__name__}; expected a harness.verdict.Policy, a spec "
+                          "such as 'cond=4,baseline=3', a mapping of those keys, or None")
 
 
 def validate_limits(*, max_examples: int | None = None, max_length: int | None = None,
@@ -291,8 +315,13 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
         raise InvalidArgument(f"profile={profile!r} is not a profile; expected one of {list(PROFILES)}")
     dtypes = dtype_names(dtypes)
     validate_limits(max_examples=max_examples, max_length=max_length, dtypes=dtypes, device=device)
-    if shrink_deadline_s is not None and not shrink_deadline_s >= 0:
+    if shrink_deadline_s is not None and (isinstance(shrink_deadline_s, bool)
+                                          or not isinstance(shrink_deadline_s, (int, float)) or not shrink_deadline_s >= 0):
         raise InvalidArgument(f"shrink_deadline_s={shrink_deadline_s!r} must be a number >= 0 or None (no deadline)")
+    policy = _policy_argument(policy)
+    if store is not None and not callable(getattr(store, "append", None)):
+        raise InvalidArgument(f"store={store!r} is a {type(store).__name__}; expected a harness.store.RunStore (or "
+                              "any object with an append(record) method) or None")
     spec = user_kernel_spec(fn, family=family)
     reason = spec.unavailable_reason()
     if reason:
@@ -493,7 +522,10 @@ def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpe
             result.gradients_skipped += 1
             return record
         taken = [record]
-        for grad_record in gradient_case(spec_, problem, options, forward=record):
+        grads = gradient_case(spec_, problem, options, forward=record)
+        if not grads:
+            result.gradients_not_differentiable += 1
+        for grad_record in grads:
             if store is not None:
                 store.append(grad_record)
             taken.append(grad_record)

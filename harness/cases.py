@@ -128,7 +128,7 @@ def load_case(path: str | Path) -> SavedCase:
     except UnicodeDecodeError as exc:
         raise InvalidArgument(f"case file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
                               "expected a JSON case file") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested past Python's limit
         raise InvalidArgument(f"case file {str(path)!r} cannot be read as JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidArgument(f"case file {str(path)!r} holds a JSON {type(data).__name__}; expected an object "

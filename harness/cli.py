@@ -85,7 +85,7 @@ def _dtype_list(text: str) -> tuple[str, ...]:
     bad = [d for d in names if d not in ALL_DTYPES]
     if bad:
         raise argparse.ArgumentTypeError(f"--dtypes={text!r}: {bad} unknown; expected a subset of {','.join(ALL_DTYPES)}")
-    return names
+    return tuple(dict.fromkeys(names))  # a dtype named twice is one search
 
 
 def _project(args):
@@ -263,7 +263,8 @@ def cmd_check(args) -> int:
     units = _check_units(targets, args.dtypes, args.device, shard)
     project = _project(args)
     profile = args.profile or project.profile or "ci"
-    cases_dir = Path(args.cases_dir) if args.cases_dir else project.counterexamples_dir
+    cases_dir = _directory("--cases-dir" if args.cases_dir else "counterexamples ([tool.harness])",
+                           Path(args.cases_dir) if args.cases_dir else Path(project.counterexamples_dir))
     run_dir = _run_dir(args, "check")
     if shard is not None and not units:
         print(f"shard {shard.label}: no (kernel, dtype) search falls to this job (there are fewer than "
@@ -287,6 +288,11 @@ def cmd_check(args) -> int:
 
         print(f"\ngradients: not taken on {skipped} equivalent case(s) longer than L={GRADIENT_MAX_LENGTH} (the float64 "
               "autograd oracle keeps every step's state; their forward outputs were checked)")
+    for (target, _, dtypes), result in zip(units, results):
+        if result.gradients_not_differentiable and not any(r.get("mode") == "grad" for r in result.records):
+            print(f"\ngradients: not checked for {target} ({', '.join(dtypes or ())}): its output carried no gradient "
+                  f"in {result.gradients_not_differentiable} case(s) (detached, computed under no_grad, or without "
+                  "autograd); a kernel meant for training must return an output autograd can differentiate")
     beyond = sum(result.gradients_out_of_domain for result in results  # a kernel shown differentiable
                  if any(r.get("mode") == "grad" for r in result.records))
     if beyond:
@@ -378,7 +384,7 @@ def cmd_replay(args) -> int:
             raise InvalidArgument("replay needs FILE, or --kernel NAME with --problem JSON")
         try:
             data = json.loads(args.problem)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise InvalidArgument(f"--problem={args.problem[:80]!r} is not JSON ({exc}); expected the problem "
                                   "object of a record's replay command") from None
         from harness.cases import problem_from_json

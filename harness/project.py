@@ -93,7 +93,10 @@ def _table(pyproject: Path) -> dict[str, Any] | None:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise InvalidArgument(f"{pyproject} cannot be read as TOML: {exc}") from None
-    table = data.get("tool", {}).get("harness")
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise InvalidArgument(f"{pyproject}: [tool] must be a table, got {type(tool).__name__}")
+    table = tool.get("harness")
     if table is not None and not isinstance(table, dict):
         raise InvalidArgument(f"{pyproject}: [tool.harness] must be a table, got {type(table).__name__}")
     return table

@@ -335,13 +335,16 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         if found is not None:  # the cause where nothing else named it; beside precision_loss, the advice
             cause = "chunk_rounding" if cause == "kernel_bug" else cause
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
-    if cause == "kernel_bug" and not record.get("future_leak") and options.layout_counterfactual:
+    handed_back = _returned_input(inputs, outputs) if cause == "kernel_bug" else None
+    if handed_back is not None:  # no layout or factor explains an output that is an input as it was handed
+        judgement = Judgement(judgement.verdict, f"{judgement.why}; {handed_back}", judgement.rule)
+    if cause == "kernel_bug" and handed_back is None and not record.get("future_leak") and options.layout_counterfactual:
         t0 = time.perf_counter()
         found = _swapped_layout(problem, inputs, outputs, precision, options, record, spec.convention)
         timings["t_layout"] = time.perf_counter() - t0
         if found is not None:
             cause, judgement = "layout", Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
-    if cause == "kernel_bug" and not record.get("future_leak") and options.factor_counterfactual:
+    if cause == "kernel_bug" and handed_back is None and not record.get("future_leak") and options.factor_counterfactual:
         t0 = time.perf_counter()
         found = _constant_factor(problem, outputs, traces, baselines, precision, options, record, spec.convention)
         timings["t_constant_factor"] = time.perf_counter() - t0
@@ -353,6 +356,21 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
     if store is not None:
         store.append(record)
     return record
+
+
+def _returned_input(inputs: dict[str, torch.Tensor], outputs: dict[str, Any]) -> str | None:
+    """The why's clause for a divergent output that is one of the case's inputs bit for bit (a stub that returns
+    ``b``), else None. A blind hunt's such kernel was shrunk to a case where reading the inputs with two axes
+    swapped made the oracle's output equal ``b``, and the cause read ``layout``."""
+    out = outputs.get("output")
+    if not isinstance(out, torch.Tensor):
+        return None
+    from harness.kernels.isolation import same_bits
+
+    for name, x in inputs.items():
+        if isinstance(x, torch.Tensor) and x.shape == out.shape and same_bits(out.detach().to(x.device), x):
+            return f"the output is input {name!r} as it was handed, bit for bit: the kernel returns its input"
+    return None
 
 
 def _call_kernel(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], options: RunOptions,
@@ -753,7 +771,12 @@ def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: to
     from harness.metrics import measure
 
     want = tuple(trace.out.shape)
-    if not isinstance(got, torch.Tensor) or tuple(got.shape) != want:
+    taken = (problem.torch_dtype, torch.float32)  # the case's, or float32 (fla keeps a half case's state so)
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == want and got.dtype not in taken:
+        state = judge({}, options.policy, kernel_error=(f"returned a final state of dtype {got.dtype}, expected "
+                                                        f"{problem.torch_dtype} (the case's) or torch.float32"))
+        record["final_state_outcome"] = "wrong_dtype"
+    elif not isinstance(got, torch.Tensor) or tuple(got.shape) != want:
         what = "no final state" if not isinstance(got, torch.Tensor) else f"a final state of shape {tuple(got.shape)}"
         hint = shape_hint(tuple(got.shape), want) if isinstance(got, torch.Tensor) else ""
         state = judge({}, options.policy, kernel_error=f"returned {what}, expected shape {want}{hint}")
@@ -772,7 +795,7 @@ def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: to
     record["final_state_why"] = state.why
     if SEVERITY.index(state.verdict) < SEVERITY.index(judgement.verdict):
         record["verdict_target"] = "final_state"  # the counterfactuals then compare the final state's errors
-        if isinstance(got, torch.Tensor) and tuple(got.shape) == want:  # what the failure message shows
+        if isinstance(got, torch.Tensor) and tuple(got.shape) == want and got.dtype in taken:  # the message shows
             record.update({f"final_state_{key}": found[key] for key in FINAL_STATE_SHOWN if key in found})
         return Judgement(state.verdict, f"final state: {state.why}", state.rule)
     return judgement

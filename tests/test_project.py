@@ -196,3 +196,9 @@ def test_check_writes_its_run_and_counterexample_into_the_callers_project(tmp_pa
     assert "kern_scan.py_scan" in saved.name
     assert {p.name for p in root.iterdir()} - {".hypothesis"} == {".harness", "docs", "kern", "out", "pyproject.toml"}
     assert [p.name for p in (root / "docs").iterdir()] in ([], [".hypothesis"])
+
+
+def test_a_tool_key_that_is_no_table_is_a_usage_error(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('tool = "x"\n')  # was an AttributeError traceback (a blind hunt)
+    with pytest.raises(InvalidArgument, match=r"\[tool\] must be a table, got str"):
+        load_project(tmp_path)

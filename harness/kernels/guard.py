@@ -144,7 +144,7 @@ def execute(fn: Callable, args: tuple, kwargs: dict[str, Any], timeout_s: float 
     if status == "ok" and not isinstance(value, torch.Tensor):
         out = isolation.kernel_outputs(value)  # (output, final state, ...): kept whole
         if out is None:
-            return "value", type(value).__name__, ""
+            return "value", isolation.value_kind(value), ""
         value = tuple(value)
     return status, value, ""
 

@@ -234,7 +234,13 @@ def _describe(exc: BaseException) -> str:
 
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    try:
+        text = str(exc)
+    except BaseException as inner:  # noqa: BLE001 - an exception whose str() raises is still the kernel's
+        text = f"<its str() raised {type(inner).__name__}>"
+    if len(text) > MAX_MESSAGE_CHARS:  # a 30 MB message made a 1.26 GB report
+        text = f"{text[:MAX_MESSAGE_CHARS]}... ({len(text):,} characters, cut)"
+    return f"{type(exc).__name__}: {text}{where}"
 
 
 def differentiable(args: tuple, kwargs: dict, wanted) -> tuple[list, list]:
@@ -247,6 +253,10 @@ def differentiable(args: tuple, kwargs: dict, wanted) -> tuple[list, list]:
         leaves.append(holder[key])
     return args, leaves
 
+
+#: The longest exception message a record keeps (`_describe`): a kernel that raised with 30 MB of text wrote it
+#: into every record and report file (1.26 GB) and to the terminal.
+MAX_MESSAGE_CHARS = 4000
 
 _IN_WORKER = False  # set in a worker before it loads its kernel
 #: How a call's error begins when its worker could not load the kernel (every call would fail alike).
@@ -431,7 +441,9 @@ def _die_with_parent() -> None:
 
     parent = os.getppid()
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of the kernel's helpers stay below it
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent died before the request took effect
@@ -482,7 +494,7 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
                 with torch.set_grad_enabled(grad), float32_dots(extra):
                     value = fn(*args, **kwargs)
                 out = kernel_outputs(value)
-                reply = ("ok", out) if out is not None else ("value", type(value).__name__)
+                reply = ("ok", out) if out is not None else ("value", value_kind(value))
             else:  # "vjp": extra = (the differentiated args: positions or keyword names, cotangent)
                 wanted, cot = extra
                 args, leaves = differentiable(args, kwargs, wanted)
@@ -794,9 +806,37 @@ class Worker:
             return False
         return True
 
-    def close(self) -> None:
+    def descendants(self) -> list[tuple[int, str]]:
+        """``(pid, start time)`` of every live process below the worker (Linux ``/proc``; [] elsewhere). A helper
+        the kernel starts in a session of its own (``start_new_session=True``) is out of the worker's group, so
+        killing the group misses it (a blind hunt left 15 such ``sleep 1000`` behind); the worker is their
+        subreaper (`_die_with_parent`), so even a helper's orphans are found here."""
+        found, stack = [], [self.process.pid] if self.process.pid is not None else []
+        while stack:
+            pid = stack.pop()
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for task in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{task}/children") as fh:
+                        kids = [int(k) for k in fh.read().split()]
+                except (OSError, ValueError):
+                    continue
+                for kid in kids:
+                    started = _start_time(kid)
+                    if started is not None:
+                        found.append((kid, started))
+                        stack.append(kid)
+        return found
+
+    def close(self, below: list[tuple[int, str]] | None = None) -> None:
         """Kill the worker and every process the kernel started in its group (a compile server, a helper
-        it never waited for): none of them outlives the worker, whether it is closed alive or found dead."""
+        it never waited for), and those below it in sessions of their own (``below``: taken before the worker
+        was asked to exit, else now): none of them outlives the worker, whether it is closed alive or found
+        dead."""
+        below = (below or []) + self.descendants()
         if self.process.pid is not None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -808,6 +848,12 @@ class Worker:
             except OSError:
                 pass
             self.process.join(5)
+        for pid, started in below:  # the same process still (a pid the system has reused is left alone)
+            if _start_time(pid) == started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         try:
             self.conn.close()
         except OSError:
@@ -818,18 +864,46 @@ class Worker:
             pass
 
 
+def _start_time(pid: int) -> str | None:
+    """A process's start time (field 22 of ``/proc/PID/stat``), which tells it from a later one with its pid; None
+    when it is gone (or a zombie, nothing left to kill)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
 def kernel_outputs(value):
     """A kernel's return value as the harness takes it: a tensor, detached; or a tuple whose first element
     is the output tensor and whose others (a final state, ...) are tensors or None, detached; None for
     anything else (not a kernel output)."""
     import torch
 
-    if isinstance(value, torch.Tensor):
+    def dense(v) -> bool:  # a sparse or other non-strided tensor is no output the harness can read
+        return isinstance(v, torch.Tensor) and v.layout == torch.strided
+
+    if dense(value):
         return value.detach()
-    if (isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor)
-            and all(v is None or isinstance(v, torch.Tensor) for v in value)):
+    if (isinstance(value, (tuple, list)) and value and dense(value[0])
+            and all(v is None or dense(v) for v in value)):
         return tuple(None if v is None else v.detach() for v in value)
     return None
+
+
+def value_kind(value) -> str:
+    """What a return value that `kernel_outputs` does not take is, for the message: its type, a tensor's layout,
+    or a tuple's first element that is neither a (dense) tensor nor None."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of layout {value.layout} (expected a dense, strided one)"
+    if isinstance(value, (tuple, list)) and value:
+        for i, v in enumerate(value):
+            if not (v is None and i > 0) and not (isinstance(v, torch.Tensor) and v.layout == torch.strided):
+                return f"{type(value).__name__} whose element {i} is {value_kind(v) if v is not None else 'None'}"
+    return type(value).__name__
 
 
 def _tensors(value) -> list:
@@ -896,12 +970,13 @@ _LOCK = threading.RLock()
 def _retire(workers: list[Worker]) -> None:
     """Let idle ``workers`` go: each is asked to exit, all are given `RETIRE_S` together, then each is closed
     (what still runs in its group, the worker too if it did not exit, is killed)."""
+    below = {id(w): w.descendants() for w in workers}  # before they exit: then their helpers go to init
     asked = [w for w in workers if w.ask_to_exit()]
     deadline = time.monotonic() + RETIRE_S
     for w in asked:
         w.process.join(max(0.0, deadline - time.monotonic()))
     for w in workers:
-        w.close()
+        w.close(below[id(w)])
 
 
 def _trim(keep: int) -> None:

@@ -157,3 +157,40 @@ def forks_a_child_that_returns(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
         return torch.zeros_like(b)
     time.sleep(0.3)
     return correct(a, b)
+
+
+def returns_sparse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return correct(a, b).to_sparse()
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str explodes")
+
+    __repr__ = __str__
+
+
+def raises_unprintable(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    raise _Unprintable()
+
+
+def raises_30_mb(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    raise ValueError("x" * 30_000_000)
+
+
+def detaches(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return correct(a, b).detach()
+
+
+def returns_b(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return b
+
+
+def starts_a_helper_in_its_own_session(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Right, but starts a helper in a session of its own (out of the worker's process group); its pid is a file
+    in `HELPERS` as `starts_helper`'s."""
+    helper = subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              start_new_session=True)
+    HELPERS.mkdir(exist_ok=True)
+    (HELPERS / str(helper.pid)).touch()
+    return blelloch_linear_scan(a, b)

@@ -523,3 +523,41 @@ def test_the_command_s_status_is_its_own_whatever_hooks_and_threads_a_kernel_s_m
     proc = subprocess.run([sys.executable, "-m", "harness", *argv], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "divergent" in proc.stdout
+
+
+def test_a_cases_dir_that_is_a_file_is_a_usage_error_before_the_search(tmp_path, capsys):
+    """It was a FileExistsError traceback at the first failure, and the other dtypes' searches never ran."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    argv = check_args(tmp_path, kernel=f"{KERNELS}:correct")
+    argv[argv.index("--cases-dir") + 1] = str(blocker / "cases")
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and "--cases-dir=" in err and "is a file, not a directory" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_case_file_nested_past_python_s_limit_is_a_usage_error(tmp_path, capsys):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError traceback before
+    code, _, err = run_cli(capsys, "replay", str(path))
+    assert code == 2 and "cannot be read as JSON" in err, err
+    code, _, err = run_cli(capsys, "replay", "--kernel", "intree.blelloch_scan", "--problem", "[" * 50_000 + "]" * 50_000)
+    assert code == 2 and "--problem" in err, err
+
+
+def test_check_names_a_wrong_argument_type_from_python():
+    """Each was a raw AttributeError or TypeError from deep inside (a blind hunt); a policy may be the CLI's spec
+    string or a mapping of its keys, and a dtype named twice is one search."""
+    from harness.api import check, dtype_names
+    from harness.errors import InvalidArgument
+
+    for kwargs, says in [({"policy": 5}, "policy=5 is a int"), ({"policy": "garbage"}, "garbage"),
+                         ({"dtypes": 5}, "dtypes=5 is a int"), ({"shrink_deadline_s": "x"}, "shrink_deadline_s='x'"),
+                         ({"store": "x"}, "store='x' is a str")]:
+        with pytest.raises(InvalidArgument, match=re.escape(says)):
+            check("intree.blelloch_scan", family="linear_scan", max_examples=1, **kwargs)
+    assert dtype_names("float32,float32") == ("float32",) and dtype_names(["bfloat16", "float32", "bfloat16"]) == (
+        "bfloat16", "float32")
+    result = check("intree.blelloch_scan", family="linear_scan", max_examples=2, dtypes=("float32",), grad=False,
+                   policy={"cond": 4}, save_counterexample=False)
+    assert result.passed and {r["cond_threshold"] for r in result.records} == {4.0}

@@ -137,6 +137,26 @@ def _live_helper_files() -> set[Path]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
+@pytest.mark.xdist_group("hostile_helpers")
+def test_a_helper_in_a_session_of_its_own_does_not_outlive_its_worker(tmp_path):
+    """Out of the worker's process group, killing the group missed it (a blind hunt: 15 orphaned helpers); the
+    worker's descendants are found in /proc and killed with it."""
+    from harness.kernels import isolation
+    from tests.hostile.kernels import HELPERS
+
+    before = _live_helper_files()
+    stored = _between_correct_runs(tmp_path, "starts_a_helper_in_its_own_session")
+    assert [r["verdict"] for r in stored] == ["equivalent"] * 5, [r.get("why") for r in stored]
+    started = [int(p.name) for p in set(HELPERS.iterdir()) - before]
+    assert len(started) == 2 and all(_running(pid) and os.getsid(pid) != os.getsid(0) for pid in started)
+    isolation.shutdown()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(pid) for pid in started):
+        time.sleep(0.1)
+    assert not [pid for pid in started if _running(pid)], "the kernel's helpers outlived its worker"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
 @pytest.mark.xdist_group("hostile_helpers")  # both count the pid files in HELPERS: never side by side
 def test_a_helper_process_the_kernel_started_does_not_outlive_its_worker(tmp_path):
     from harness.kernels import isolation
@@ -379,3 +399,61 @@ def test_a_child_the_kernel_forks_does_not_answer_for_the_call(tmp_path):
     (1, 1, 1)" for an L=1 case). It now ends without a word, and each call gets its own answer."""
     records = _between_correct_runs(tmp_path, "forks_a_child_that_returns")
     assert [r["verdict"] for r in records] == ["equivalent"] * 5, [(r["kernel"], r["why"]) for r in records]
+
+
+@pytest.mark.parametrize("name, outcome, says", [
+    ("returns_sparse", "not_a_tensor", "a tensor of layout torch.sparse_coo"),
+    ("raises_unprintable", "raised", "_Unprintable: <its str() raised RuntimeError>"),
+    ("raises_30_mb", "raised", "(30,000,000 characters, cut)"),
+])
+def test_an_output_or_error_the_worker_cannot_pass_on_as_it_is_is_named(name, outcome, says):
+    """A sparse output and an exception whose str() raises broke the worker's own code (reported as a crash with
+    the harness's traceback); a 30 MB message went whole into every report file (1.26 GB)."""
+    from harness.kernels.isolation import MAX_MESSAGE_CHARS
+
+    rec = run_case(spec(name), problem(), ISOLATED)
+    assert rec["verdict"] == "kernel_error" and rec["cause"] == outcome, rec["why"]
+    assert says in rec["error"] and len(rec["error"]) < MAX_MESSAGE_CHARS + 500, rec["error"][:300]
+
+
+def test_a_kernel_whose_output_carries_no_gradient_is_said_to_have_none_checked(tmp_path, capsys):
+    from harness.cli import main
+
+    code = main(["check", "--kernel", f"{KERNELS}:detaches", "--family", "linear_scan", "--dtypes", "float32",
+                 "--max-examples", "2", "--max-length", "16", "--report-dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert code == 0 and "gradients: not checked for" in out and "its output carried no gradient in 2 case(s)" in out, out
+
+
+def _simple_gla_state_as(kind: str):
+    from reference_impls.gated_decay import simple_gla
+
+    def kernel(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+        out, state = simple_gla(q, k, v, g, scale, initial_state, output_final_state, compute_dtype=q.dtype)
+        if output_final_state:
+            state = state.double() if kind == "float64" else state.numpy()
+        return out, state
+
+    return kernel
+
+
+@pytest.mark.parametrize("kind, outcome, says", [
+    ("float64", "wrong_dtype", "final state of dtype torch.float64, expected torch.float32"),
+    ("numpy", "not_a_tensor", "tuple whose element 1 is ndarray"),
+])
+def test_a_final_state_of_another_dtype_or_type_is_a_kernel_error(kind, outcome, says):
+    """A float64 final state of a float32 case passed (its dtype was never looked at); a numpy one was "returned
+    tuple, expected a torch.Tensor", as if the tuple were wrong."""
+    p = Problem(family="simple_gla", length=9, dtype="float32", batch=1, heads=2, dk=4, dv=4, seed=1, final_state=True)
+    rec = run_case(user_kernel_spec(_simple_gla_state_as(kind), family="simple_gla"), p, RunOptions(timeout_s=None))
+    assert rec["verdict"] == "kernel_error" and rec["cause"] == outcome and says in rec["why"], (rec["cause"], rec["why"])
+
+
+@pytest.mark.parametrize("length", [2, 17])
+def test_a_kernel_that_returns_its_input_is_said_to(length):
+    """Shrunk to shape (1, 1, 2), the swapped-axes reading made the oracle's output equal b and the cause read
+    ``layout`` with the advice to transpose (a blind hunt); the why now says the output is the input."""
+    p = Problem(family="linear_scan", length=length, dtype="float32", batch=1, dim=1, seed=4)
+    rec = run_case(spec("returns_b"), p, RunOptions(timeout_s=None))
+    assert rec["verdict"] == "divergent" and rec["cause"] == "kernel_bug", (rec["cause"], rec["why"])
+    assert "the output is input 'b' as it was handed" in rec["why"], rec["why"]
