@@ -126,7 +126,10 @@ def test_the_worker_limit_is_checked_and_closes_the_least_recently_used(monkeypa
             asked.append(self.name)
             return False
 
-        def close(self):
+        def descendants(self):  # what runs below it, killed with it (none here)
+            return []
+
+        def close(self, below=None):
             closed.append(self.name)
 
     monkeypatch.setattr(isolation, "_WORKERS", collections.OrderedDict((n, Fake(n)) for n in "abcd"))
