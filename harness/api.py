@@ -508,15 +508,15 @@ def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpe
     """``run_case`` followed, when the forward is equivalent and the output differentiable, by the gradient
     records of the case (stored and kept in ``result``); returns the first failing record, else the forward."""
 
-    from harness.gradients import gradients_checked
+    from harness.gradients import forward_judged, gradients_checked
 
     def run(spec_, problem, options, *, store=None):
         record = run_case(spec_, problem, options, store=store)
         if not (spec.source == "user" or spec.capabilities.autograd):
             return record
-        if record["verdict"] == "out_of_domain":
-            result.gradients_out_of_domain += 1
-        if record["verdict"] != "equivalent":
+        if not forward_judged(record):
+            if record["verdict"] == "out_of_domain":
+                result.gradients_out_of_domain += 1
             return record
         if not gradients_checked(problem):
             result.gradients_skipped += 1

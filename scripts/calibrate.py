@@ -240,7 +240,7 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
     joins the jobs' records into the unsharded run's tables). ``interpreted``: the interpreted Triton
     kernels alone (`kernels`), at the profile's lengths for them (``slow_max_length``) unless ``max_length``.
     ``states``: the gated families' problems carry initial states, final states and packed rows (`draw_states`)."""
-    from harness.gradients import gradient_case, gradients_checked
+    from harness.gradients import forward_judged, gradient_case, gradients_checked
     from harness.kernels.contract import Family
     from harness.problems import REGIMES
     from harness.kernels import isolation
@@ -293,7 +293,7 @@ def run(cases: int, seed: int, profile: str, dtypes: tuple[str, ...], records_pa
                         problem = _fit(problem, spec)
                         rec = run_case(spec, problem, options)
                         taken = [rec]
-                        if (grad and rec["verdict"] == "equivalent" and spec.capabilities.autograd
+                        if (grad and forward_judged(rec) and spec.capabilities.autograd
                                 and gradients_checked(problem)):
                             taken += gradient_case(spec, problem, options, forward=rec)
                         for rec in taken:
