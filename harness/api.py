@@ -284,7 +284,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     examples; pass one dtype per call for the same. A failure's counterexample file is per kernel, family
     and dtype (`harness.cases.counterexample_path`).
 
-    ``grad``: also check, for each case whose forward is equivalent, the gradient of every differentiable
+    ``grad``: also check, for each case whose forward is judged (`gradients.forward_judged`: equivalent, or
+    partly out of domain and agreeing elsewhere), the gradient of every differentiable
     input against float64 autograd through the oracle (`harness.gradients`), when the kernel's output is
     differentiable (a user's kernel is tried; a registered one follows its ``autograd`` declaration). The
     forward and each input's gradient are separate records (kernel ``<name>:grad[<input>]``).
@@ -505,7 +506,7 @@ def named_on_larger_cases(record: dict[str, Any], records: list[dict[str, Any]])
 
 def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpec, result: CheckResult, store,
                     ) -> Callable:
-    """``run_case`` followed, when the forward is equivalent and the output differentiable, by the gradient
+    """``run_case`` followed, when the forward is judged (`forward_judged`) and the output differentiable, by the gradient
     records of the case (stored and kept in ``result``); returns the first failing record, else the forward."""
 
     from harness.gradients import forward_judged, gradients_checked
@@ -542,8 +543,8 @@ def _naming_gradients(format_failure: Callable) -> Callable:
     def with_gradient_note(record, judgement, replay=None, context=()) -> str:
         message = format_failure(record, judgement, replay=replay, context=context)
         if isinstance(record, dict) and record.get("mode") == "grad":
-            message = (f"The gradient of {record['kernel']} diverges (the forward is equivalent; the replay "
-                       f"command takes that gradient again).\n{message}")
+            message = (f"The gradient of {record['kernel']} diverges (the forward agrees wherever it can be judged; "
+                       f"the replay command takes that gradient again).\n{message}")
         return message
 
     return with_gradient_note

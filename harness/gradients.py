@@ -152,13 +152,17 @@ GRADIENT_MAX_LENGTH = 2048
 
 def forward_judged(forward: dict[str, Any]) -> bool:
     """Whether a forward record lets its case's gradients be taken: ``equivalent``, or ``out_of_domain`` with every
-    element in its domain compared and agreeing (rule ``partial_domain``: some positions carry no guaranteed
-    digit, the rest were judged). A gradient has its own domain (its trace's range and precision), so the second
-    kind is judged too: in bfloat16, 17 of 25 ci cases of a correct simple GLA chunk form were partly out of
-    domain, and none of their gradients was checked (session 22). A divergent forward, or one with nothing
-    compared, takes none."""
+    element in its domain compared and agreeing (rule ``partial_domain``) where what left the domain is precision
+    alone (``precision_exhausted``: some positions carry no guaranteed digit, every value is in range). A
+    gradient has its own precision domain, so that kind is judged too: in bfloat16, 17 of 25 ci cases of a
+    correct simple GLA chunk form were partly out of domain, and none of their gradients was checked (session
+    22). Not where the forward left the range (a norm's intermediates past float16's max): a correct parallel or
+    chunkwise backward spreads that overflow through its matmuls (``inf * 0``) into gradients whose exact values
+    are in range (the ci calibration: 7 normed retention dv of four correct kernels, float16 `ramp`). A
+    divergent forward, or one with nothing compared, takes none."""
     verdict = forward.get("verdict")
     return verdict == "equivalent" or (verdict == "out_of_domain" and forward.get("rule") == "partial_domain"
+                                       and forward.get("domain_cause") == "precision_exhausted"
                                        and (forward.get("n_compared") or 0) > 0)
 
 

@@ -21,7 +21,7 @@ docs/calibration.md.
     python scripts/calibrate.py --cases 4 --print         # a quick look, nothing written
     python scripts/calibrate.py --cases 200 --profile nightly --records /tmp/calib.jsonl
 
-``--grad`` also differentiates every equivalent case of a kernel that declares autograd, up to
+``--grad`` also differentiates every judged case (`harness.gradients.forward_judged`) of a kernel that declares autograd, up to
 `harness.gradients.GRADIENT_MAX_LENGTH` (as `harness check` does by default): one row per input's gradient
 (kernel ``<name>:grad[<input>]``), counted with the forward runs of correct kernels (a false alarm in a
 gradient is one too); a planted bug's gradient rows are not detection cases (their bugs are in the forward).
@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="kernel workers kept alive (default: one per kernel of the run; a worker holds "
                              "~15 MB of its own, ~190 MB for one that imported fla)")
     parser.add_argument("--grad", action="store_true",
-                        help="also check the gradients of every equivalent case of an autograd kernel (as `harness "
+                        help="also check the gradients of every judged case of an autograd kernel (as `harness "
                              "check` does), each input's gradient a row of its own (kernel NAME:grad[INPUT])")
     parser.add_argument("--interpreted", action="store_true",
                         help="the third-party kernels run by the Triton interpreter on this CPU, alone (fla's, "
