@@ -284,8 +284,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     examples; pass one dtype per call for the same. A failure's counterexample file is per kernel, family
     and dtype (`harness.cases.counterexample_path`).
 
-    ``grad``: also check, for each case whose forward is judged (`gradients.forward_judged`: equivalent, or
-    partly out of domain and agreeing elsewhere), the gradient of every differentiable
+    ``grad``: also check, for each case whose forward is equivalent (`gradients.forward_judged`), the gradient
+    of every differentiable
     input against float64 autograd through the oracle (`harness.gradients`), when the kernel's output is
     differentiable (a user's kernel is tried; a registered one follows its ``autograd`` declaration). The
     forward and each input's gradient are separate records (kernel ``<name>:grad[<input>]``).
@@ -543,7 +543,7 @@ def _naming_gradients(format_failure: Callable) -> Callable:
     def with_gradient_note(record, judgement, replay=None, context=()) -> str:
         message = format_failure(record, judgement, replay=replay, context=context)
         if isinstance(record, dict) and record.get("mode") == "grad":
-            message = (f"The gradient of {record['kernel']} diverges (the forward agrees wherever it can be judged; "
+            message = (f"The gradient of {record['kernel']} diverges (the forward is equivalent; "
                        f"the replay command takes that gradient again).\n{message}")
         return message
 

@@ -780,8 +780,9 @@ def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: to
     want = tuple(trace.out.shape)
     taken = (problem.torch_dtype, torch.float32)  # the case's, or float32 (fla keeps a half case's state so)
     if isinstance(got, torch.Tensor) and tuple(got.shape) == want and got.dtype not in taken:
-        state = judge({}, options.policy, kernel_error=(f"returned a final state of dtype {got.dtype}, expected "
-                                                        f"{problem.torch_dtype} (the case's) or torch.float32"))
+        expected = (f"{problem.torch_dtype} (the case's)" + (" or torch.float32" if problem.torch_dtype != torch.float32
+                                                              else ""))
+        state = judge({}, options.policy, kernel_error=f"returned a final state of dtype {got.dtype}, expected {expected}")
         record["final_state_outcome"] = "wrong_dtype"
     elif not isinstance(got, torch.Tensor) or tuple(got.shape) != want:
         what = "no final state" if not isinstance(got, torch.Tensor) else f"a final state of shape {tuple(got.shape)}"

@@ -869,6 +869,10 @@ def test_a_case_whose_forward_is_out_of_domain_is_counted_as_a_gradient_not_judg
     assert [run(spec, _Problem(), None)["verdict"] for _ in range(4)] == [
         "out_of_domain", "equivalent", "out_of_domain", "divergent"]
     assert taken == ["equivalent"] and result.gradients_out_of_domain == 2 and result.gradients_skipped == 0
+    from harness.gradients import forward_judged  # a forward partly in domain takes none either (docs/verdict.md)
+
+    assert not forward_judged({"verdict": "out_of_domain", "rule": "partial_domain",
+                               "domain_cause": "precision_exhausted", "n_compared": 10})
 
 
 def test_a_float64_gradient_that_shrinks_with_the_roundoff_is_precision_loss_not_a_kernel_bug():

@@ -672,7 +672,11 @@ class Worker:
         self.retained = 0  # bytes kept beyond `loaded_bytes` when that passed the limit (the worker is replaced)
         self.calls = 0
         self.arena: Arena | None = None
-        status, value = self._receive(START_TIMEOUT_S, starting=True)
+        try:
+            status, value = self._receive(START_TIMEOUT_S, starting=True)
+        except BaseException:  # a stop requested while it loads (Ctrl-C, SIGTERM): no worker left to join at exit
+            self.close()
+            raise
         if status == "load_error":
             self.close()
             raise WorkerCrashed(f"{LOAD_FAILED}: {value}")

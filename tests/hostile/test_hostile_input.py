@@ -561,3 +561,26 @@ def test_check_names_a_wrong_argument_type_from_python():
     result = check("intree.blelloch_scan", family="linear_scan", max_examples=2, dtypes=("float32",), grad=False,
                    policy={"cond": 4}, save_counterexample=False)
     assert result.passed and {r["cond_threshold"] for r in result.records} == {4.0}
+
+
+def test_a_stop_while_a_kernel_s_module_hangs_in_its_import_ends_the_command(tmp_path):
+    """SIGTERM while the worker was still importing a module that hangs: the stop was said, and then the exit
+    waited on that worker for ever (it was no worker of the pool yet, so nothing let it go; a verification run,
+    session 22). The worker is closed when its start is interrupted."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "hangs.py"
+    path.write_text("import time\nwhile True:\n    time.sleep(0.1)\ndef k(a, b):\n    return b\n")
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *check_args(tmp_path, kernel=f"{path}:k")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the harness did not end within 30 s of SIGTERM") from None
+    assert proc.returncode == 130 and "terminated (SIGTERM)" in err, (proc.returncode, err[-2000:])

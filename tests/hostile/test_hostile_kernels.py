@@ -438,7 +438,7 @@ def _simple_gla_state_as(kind: str):
 
 
 @pytest.mark.parametrize("kind, outcome, says", [
-    ("float64", "wrong_dtype", "final state of dtype torch.float64, expected torch.float32"),
+    ("float64", "wrong_dtype", "final state of dtype torch.float64, expected torch.float32 (the case's)"),
     ("numpy", "not_a_tensor", "tuple whose element 1 is ndarray"),
 ])
 def test_a_final_state_of_another_dtype_or_type_is_a_kernel_error(kind, outcome, says):
