@@ -151,15 +151,9 @@ GRADIENT_MAX_LENGTH = 2048
 
 
 def forward_judged(forward: dict[str, Any]) -> bool:
-    """Whether a forward record lets its case's gradients be taken: ``equivalent`` only (the one rule `harness
-    check`, `gradient_case` and the calibration follow). Tried in session 22 and measured: also taking a forward
-    ``out_of_domain`` whose compared part agrees (rule ``partial_domain``) added no judged gradient (ci
-    calibration, every family, 228 such gradient rows: all out of domain themselves) and two kinds of findings
-    on correct kernels: a float16 norm overflow spread by a parallel backward's matmuls (``inf * 0``) into
-    gradients whose exact values are in range (7 normed retention dv), and the Blelloch selective scan's
-    adjoint through products of decays overflowing bfloat16 in the ``unstable`` regime (nightly, L = 1,239).
-    Where no digit of the forward is guaranteed, its gradient is not judged; `harness check` counts those
-    cases ("gradients: not judged on N case(s) ...")."""
+    """Whether a forward record lets its case's gradients be taken: ``equivalent`` only, the one rule `harness
+    check`, `gradient_case` and the calibration follow (a forward partly out of domain was tried and withdrawn
+    in session 22: docs/verdict.md)."""
     return forward.get("verdict") == "equivalent"
 
 
@@ -478,7 +472,7 @@ def _second_dtype(spec: KernelSpec, problem: Problem, options: RunOptions, input
     logs does (a blind hunt's correct Heinsen scan: db divergent at cond 1.6 in float64, called kernel_bug).
     Otherwise, or where the kernel does not run the other dtype here, ``kernel_bug`` stays. The verdict is
     unchanged; the other run's verdict and cond_max are recorded (``float64_*`` / ``float32_*``)."""
-    from harness.runner import _scales_with_roundoff
+    from harness.runner import roundoff_scaling
 
     low = precision != "float64"
     other = "float64" if low else "float32"
@@ -497,14 +491,9 @@ def _second_dtype(spec: KernelSpec, problem: Problem, options: RunOptions, input
         wide, narrow = (there, record) if low else (record, there)
         if low and there["verdict"] == "equivalent":
             found = f"the same inputs in float64 give an equivalent gradient (cond_max {there.get('cond_max'):.3g})"
-        elif (there["verdict"] in ("equivalent", "divergent") and not there.get("n_kernel_nonfinite")
-              and not record.get("n_kernel_nonfinite")
-              and _scales_with_roundoff(wide.get("cond_max"), narrow.get("cond_max"))):
-            found = (f"the error shrinks with the unit roundoff, as rounding does and a mistake does not: cond_max "
-                     f"{wide.get('cond_max'):.3g} in float64, {narrow.get('cond_max'):.3g} in {narrow.get('dtype', other)} "
-                     f"on the same inputs{' rounded to float32' if not low else ''} (each in units of its own dtype's "
-                     "rounding bound)")
         else:
-            continue
+            found = roundoff_scaling(wide, dict(narrow, dtype=narrow.get("dtype", other)), rounded=not low)
+            if found is None:
+                continue
         record["cause"] = "precision_loss"
         record["why"] = f"{record['why']}; precision loss: {found}"

@@ -824,6 +824,22 @@ def _scales_with_roundoff(cond_high: Any, cond_low: Any) -> bool:
             and math.isfinite(cond_low) and cond_low > 0 and cond_high <= PRECISION_SCALING * cond_low)
 
 
+def roundoff_scaling(wide: dict[str, Any], narrow: dict[str, Any], *, rounded: bool, whose: str = "") -> str | None:
+    """The why's clause when the same case's cond errors in a wider and a narrower dtype (records, or their
+    ``verdict``, ``cond_max``, ``n_kernel_nonfinite``, ``dtype``) scale with the unit roundoff
+    (`_scales_with_roundoff`), both runs finite and judged; None otherwise. ``rounded``: the narrow run's inputs are
+    the wide case's rounded (a float64 case rerun in float32). Outputs (`_precision_counterfactual`) and gradients
+    (`harness.gradients._second_dtype`) are named by it alike."""
+    judged = ("equivalent", "divergent")
+    if (wide.get("n_kernel_nonfinite") or narrow.get("n_kernel_nonfinite") or wide.get("verdict") not in judged
+            or narrow.get("verdict") not in judged
+            or not _scales_with_roundoff(wide.get("cond_max"), narrow.get("cond_max"))):
+        return None
+    return (f"the error shrinks with the unit roundoff, as rounding does and a mistake does not: {whose}cond_max "
+            f"{wide.get('cond_max'):.3g} in float64, {narrow.get('cond_max'):.3g} in {narrow.get('dtype')} on the same "
+            f"inputs{' rounded to float32' if rounded else ''} (each in units of its own dtype's rounding bound)")
+
+
 def rerun_options(options: RunOptions) -> RunOptions:
     """The options of a counterfactual rerun (eps 0, a second dtype; a gradient's too): ``options``' policy,
     timeout and isolation, with no probe or counterfactual of its own."""
@@ -876,18 +892,11 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     mine = {"verdict": judgement.verdict.value, "dtype": precision, "cond_max": record.get(f"{target}cond_max"),
             "n_kernel_nonfinite": record.get("n_kernel_nonfinite")}
     wide, narrow = (again, mine) if low else (mine, again)
-    scales = (not wide.get("n_kernel_nonfinite") and not narrow.get("n_kernel_nonfinite")
-              and wide["verdict"] in ("equivalent", "divergent")
-              and narrow["verdict"] in ("equivalent", "divergent")
-              and _scales_with_roundoff(wide.get("cond_max"), narrow.get("cond_max")))
+    scales = roundoff_scaling(wide, narrow, rounded=not low, whose=whose)
     if low and again["verdict"] == Verdict.EQUIVALENT.value:
         found = f"the same inputs in float64 are equivalent (cond_max {again.get('cond_max'):.3g})"
     elif scales:
-        found = (f"the error shrinks with the unit roundoff, as rounding does and a mistake does not: "
-                 f"{whose}cond_max "
-                 f"{wide.get('cond_max'):.3g} in float64, {narrow.get('cond_max'):.3g} in {narrow.get('dtype')} "
-                 f"on the same inputs{' rounded to float32' if not low else ''} (each in units of its own dtype's "
-                 "rounding bound)")
+        found = scales
     elif again["verdict"] in ("out_of_domain", "kernel_error"):  # say the check could not be made, and why
         why = again.get("why") or again["verdict"]
         return "kernel_bug", Judgement(judgement.verdict, f"{judgement.why}; no second-dtype check: the same case in "
