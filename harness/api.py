@@ -474,10 +474,10 @@ def _outcome_line(record: dict[str, Any]) -> str:
 _UNNAMED_CAUSES = (None, "kernel_bug", "rounding")
 
 
-def named_on_larger_cases(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
-    """A line for a failure message: the cause that failing cases of the same search were named where the
-    shrunk ``record`` is a bare ``kernel_bug``, e.g. ``constant_factor``, which needs 16 elements and so is
-    rarely named on a minimal case (a kernel off by a factor 1.01 shrinks to one element); None otherwise.
+def larger_cases_cause(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+    """The cause that failing cases of the same search were named where the shrunk ``record`` is a bare
+    ``kernel_bug``, e.g. ``constant_factor``, which needs 16 elements and so is rarely named on a minimal case
+    (a kernel off by a factor 1.01 shrinks to one element); None otherwise.
 
     The cause is the one named on the search's largest failing case(s): a wrong decay is one constant
     factor on a one-step float16 case of one head, now and then, while its 1,056-element case names
@@ -486,15 +486,26 @@ def named_on_larger_cases(record: dict[str, Any], records: list[dict[str, Any]])
 
     if record.get("cause") != "kernel_bug":
         return None
-    same = [r for r in records if r.get("kernel") == record.get("kernel") and r.get("verdict") == record.get("verdict")
-            and r.get("mode") == record.get("mode")]
+    same = _same_failures(record, records)
     if not same:
         return None
     largest = max(r.get("n_elements") or 0 for r in same)
     top = collections.Counter(r.get("cause") for r in same if (r.get("n_elements") or 0) == largest)
     cause = top.most_common(1)[0][0]
-    if cause in _UNNAMED_CAUSES:
+    return None if cause in _UNNAMED_CAUSES else cause
+
+
+def _same_failures(record: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kernel") == record.get("kernel") and r.get("verdict") == record.get("verdict")
+            and r.get("mode") == record.get("mode")]
+
+
+def named_on_larger_cases(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+    """A line for a failure message: `larger_cases_cause` with how many cases were so named and an example."""
+    cause = larger_cases_cause(record, records)
+    if cause is None:
         return None
+    same = _same_failures(record, records)
     named = [r for r in same if r.get("cause") == cause]
     n = len(named)
     example = max(named, key=lambda r: r.get("n_elements") or 0)
@@ -543,8 +554,18 @@ def _naming_gradients(format_failure: Callable) -> Callable:
     def with_gradient_note(record, judgement, replay=None, context=()) -> str:
         message = format_failure(record, judgement, replay=replay, context=context)
         if isinstance(record, dict) and record.get("mode") == "grad":
-            message = (f"The gradient of {record['kernel']} diverges (the forward is equivalent; "
-                       f"the replay command takes that gradient again).\n{message}")
+            # in place of the forward's headline ("Kernel output diverges ..."), which read as a contradiction
+            # under "the forward is equivalent" (blind hunt, session 23)
+            first, _, rest = message.partition("\n")
+            body = rest if first.startswith("Kernel output") else message
+            kernel = str(record["kernel"]).rsplit(":grad[", 1)[0]
+            verdict = record.get("verdict")
+            of = record.get("grad_of")
+            what = (f"The backward of {kernel} is {verdict}" if of in (None, "*") else
+                    f"The gradient of {kernel}'s output with respect to {of} is {verdict} against the float64 "
+                    "oracle's (autograd through the oracle)")
+            message = (f"{what}; the forward is equivalent, and the replay command takes that gradient again.\n"
+                       f"{body}")
         return message
 
     return with_gradient_note

@@ -307,14 +307,37 @@ def cmd_check(args) -> int:
     if results:  # the searches' outcomes in one place, after the messages they may have printed
         print("\nsearches:")
         for (target, _, dtypes), result in zip(units, results):
-            forward = sum(1 for r in result.records if r.get("mode") != "grad")
-            failure = result.failure
-            outcome = "passed"
-            if failure:
-                grad = f" in the gradient of {failure.get('grad_of')}" if failure.get("mode") == "grad" else ""
-                outcome = f"{failure['verdict']}, {failure.get('cause')}{grad}, shrunk to L={failure.get('length')}"
-            print(f"  {target} {','.join(dtypes or ())}: {outcome}; {forward} cases run")
+            print(f"  {target} {','.join(dtypes or ())}: {search_outcome(result)}")
     return status
+
+
+def search_outcome(result) -> str:
+    """One search's line under ``searches:``: its outcome, how many cases ran and how many of them (and of their
+    gradients) were not judged. A half-precision chunk search that read "passed; 40 cases run" had 32 of them
+    out_of_domain, and a wrong bfloat16 dg passed there unseen (blind hunt, session 23); a shrunk ``kernel_bug``
+    says what its larger cases were named (the message's "Named on larger cases")."""
+    import collections
+
+    from harness.api import larger_cases_cause
+
+    forward = [r for r in result.records if r.get("mode") != "grad"]
+    grads = [r for r in result.records if r.get("mode") == "grad"]
+    failure = result.failure
+    outcome = "passed"
+    if failure:
+        grad = f" in the gradient of {failure.get('grad_of')}" if failure.get("mode") == "grad" else ""
+        larger = larger_cases_cause(failure, result.records)
+        named = f" (named {larger} on larger cases)" if larger else ""
+        outcome = f"{failure['verdict']}, {failure.get('cause')}{named}{grad}, shrunk to L={failure.get('length')}"
+    line = f"{outcome}; {len(forward)} case{'' if len(forward) == 1 else 's'} run"
+    unjudged = collections.Counter(r.get("cause") for r in forward if r.get("verdict") == "out_of_domain")
+    if unjudged:
+        causes = ", ".join(f"{cause} {n}" for cause, n in sorted(unjudged.items(), key=lambda kv: (-kv[1], str(kv[0]))))
+        line += f", {sum(unjudged.values())} not judged (out_of_domain: {causes})"
+    if grads:
+        beyond = sum(1 for r in grads if r.get("verdict") == "out_of_domain")
+        line += f"; {len(grads)} gradients" + (f", {beyond} not judged (out_of_domain)" if beyond else "")
+    return line
 
 
 def cmd_sweep(args) -> int:

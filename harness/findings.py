@@ -253,17 +253,19 @@ def _span(values: Iterable[Any]) -> str:
 
 
 def _worst(recs: Sequence[Mapping[str, Any]], pair: bool) -> str:
-    from harness.report import format_value, number
+    from harness.report import case_cond, format_value, number
 
-    field, label = ("ab_max_abs", "max |A - B|") if pair else ("cond_max", "worst cond")
-    measured = [r for r in recs if r.get(field) is not None]
+    # a case's cond is its output's or its final state's, whichever is worse (`case_cond`): a kernel divergent
+    # on its final state alone read "worst cond 0.265" with the state at 6e14 (blind hunt, session 23)
+    label, value = ("max |A - B|", lambda r: r.get("ab_max_abs")) if pair else ("worst cond", case_cond)
+    measured = [r for r in recs if value(r) is not None]
     if not measured:
         return ""
-    top = max(measured, key=lambda r: _rank(number(r.get(field))))
+    top = max(measured, key=lambda r: _rank(number(value(r))))
     where = " ".join(p for p in (_text(top.get("kernel")) if len({_text(r.get("kernel")) for r in recs}) > 1 else "",
                                  _text(top.get("dtype")), f"L={format_value(number(top.get('length')))}",
                                  _text(top.get("regime"))) if p and p != "-")
-    return f"{label} {format_value(number(top.get(field)))} ({where})"
+    return f"{label} {format_value(number(value(top)))} ({where})"
 
 
 def _errors(recs: Sequence[Mapping[str, Any]]) -> list[str]:

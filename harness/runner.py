@@ -73,8 +73,10 @@ def reference_traces(problem: Problem, inputs: dict[str, torch.Tensor],
 
 def chunk_blocking(spec: KernelSpec, problem: Problem) -> Problem:
     """``problem`` with the chunk its kernel's chunk term is charged on: the whole sequence for a kernel whose
-    cumulative decay sums span it (`Capabilities.decays_across_chunks`), else its own chunk."""
-    if problem.chunk_size is not None and problem.definition.chunk_term and spec.capabilities.decays_across_chunks:
+    cumulative decay sums span it (`Capabilities.decays_across_chunks`), whether or not it takes a chunk size (a
+    parallel form with one cumulative sum over the sequence takes none; its declaration was ignored, a blind
+    hunt found, session 23), else its own chunk."""
+    if problem.definition.chunk_term and spec.capabilities.decays_across_chunks:
         return problem.replace(chunk_size=max(1, problem.length))
     return problem
 
@@ -506,9 +508,16 @@ CHUNK_COUNTERFACTUAL = 64
 class _ChunkedTraces:
     """The oracle's traces of ``problem`` at chunk `CHUNK_COUNTERFACTUAL`, computed once when first asked."""
 
-    def __init__(self, spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor]):
-        self.problem = problem.replace(chunk_size=CHUNK_COUNTERFACTUAL)
+    def __init__(self, spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
+                 chunk: int = CHUNK_COUNTERFACTUAL):
+        self.problem = problem.replace(chunk_size=chunk)
         self._spec, self._inputs, self._traces = spec, inputs, None
+
+    def whole_sequence(self) -> "_ChunkedTraces | None":
+        """The same at one chunk of the whole length (decays from cumulative sums over the sequence, a parallel
+        form's); None where the length is within one chunk already."""
+        length = self.problem.length
+        return None if length <= CHUNK_COUNTERFACTUAL else _ChunkedTraces(self._spec, self.problem, self._inputs, length)
 
     @property
     def traces(self) -> dict[str, Any]:
@@ -541,15 +550,28 @@ def _chunked_bound(chunked: _ChunkedTraces, outputs: dict[str, Any], baselines: 
     """
     cond_max, judgement = chunked.judge(outputs, baselines, precision, options)
     record["chunked_cond_max"] = cond_max
+    if judgement.verdict is Verdict.EQUIVALENT:
+        return f"chunk rounding: {_CHUNK_CLAUSE.format(cond_max=cond_max)}"
+    # a parallel form's cumulative sums span the sequence: past one chunk its rounding is the whole length's
+    # (a blind hunt's correct parallel simple GLA at L = 130, session 23, was told to declare a chunk size)
+    whole = chunked.whole_sequence()
+    if whole is None:
+        return None
+    cond_max, judgement = whole.judge(outputs, baselines, precision, options)
     if judgement.verdict is not Verdict.EQUIVALENT:
         return None
-    return f"chunk rounding: {_CHUNK_CLAUSE.format(cond_max=cond_max)}"
+    return f"chunk rounding: {_SEQUENCE_CLAUSE.format(cond_max=cond_max)}"
 
 
 _CHUNK_CLAUSE = (f"within the bound of a chunked form with chunk {CHUNK_COUNTERFACTUAL} (cond_max {{cond_max:.3g}}), "
                  "whose decays are exp of differences of cumulative sums; if the kernel chunks, declare its chunk "
                  "size (a chunk_size parameter, or Capabilities(chunk_sizes=...) in a KernelSpec) and the bound "
-                 "carries that term")
+                 "carries that term; if its cumulative sums span the whole sequence (a parallel form), declare "
+                 "Capabilities(decays_across_chunks=True)")
+_SEQUENCE_CLAUSE = ("within the bound of a form whose decays are exp of differences of cumulative sums over the whole "
+                    "sequence (cond_max {cond_max:.3g}); if the kernel forms them so (a parallel form, or chunks whose "
+                    "states pass by such sums), declare Capabilities(decays_across_chunks=True) and the bound carries "
+                    "that term")
 
 
 #: A divergent output whose best constant factor against the oracle's is within this of 1 is not called

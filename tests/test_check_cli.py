@@ -128,7 +128,41 @@ def test_exit_0_for_a_correct_kernel(tmp_path, kernel_file):
     assert not (tmp_path / "cases").exists() or not list((tmp_path / "cases").iterdir())
     # one dtype searched: its line is printed too (the README promises one per dtype; it came only for two or more)
     summary = proc.stdout.split("\nsearches:\n")[1].splitlines()
-    assert summary[0].endswith("loop_scan float64: passed; 6 cases run"), summary
+    grads = sum(1 for r in records if r.get("mode") == "grad")
+    assert summary[0].endswith(f"loop_scan float64: passed; 6 cases run; {grads} gradients"), summary
+
+
+def _search(records, failure=None):
+    from harness.api import CheckResult
+
+    return CheckResult(records=records, failure=failure)
+
+
+def test_a_search_line_says_how_many_cases_were_not_judged():
+    """A half-precision chunk search read "passed; 40 cases run" with 32 of them out_of_domain, and a wrong
+    bfloat16 dg passed there unseen (blind hunt, session 23): the line counts what was not judged, by cause."""
+    from harness.cli import search_outcome
+
+    ood = {"verdict": "out_of_domain", "cause": "precision_exhausted"}
+    records = ([{"verdict": "equivalent", "cause": "rounding"}] * 8 + [ood] * 30
+               + [{"verdict": "out_of_domain", "cause": "input_overflow"}] * 2
+               + [dict(ood, mode="grad", grad_of="g")] * 3 + [{"verdict": "equivalent", "mode": "grad"}] * 5)
+    assert search_outcome(_search(records)) == (
+        "passed; 40 cases run, 32 not judged (out_of_domain: precision_exhausted 30, input_overflow 2); "
+        "8 gradients, 3 not judged (out_of_domain)")
+    assert search_outcome(_search(records[:8])) == "passed; 8 cases run"
+
+
+def test_a_search_line_names_what_the_larger_cases_were():
+    """A shrunk kernel_bug whose larger cases were named layout read "divergent, kernel_bug" in the searches line
+    while the message above said layout (blind hunt, session 23)."""
+    from harness.cli import search_outcome
+
+    shrunk = {"kernel": "k", "verdict": "divergent", "cause": "kernel_bug", "length": 1, "n_elements": 4}
+    larger = dict(shrunk, cause="layout", length=64, n_elements=4096)
+    assert search_outcome(_search([larger, larger], failure=shrunk)) == (
+        "divergent, kernel_bug (named layout on larger cases), shrunk to L=1; 2 cases run")
+    assert search_outcome(_search([shrunk], failure=shrunk)) == "divergent, kernel_bug, shrunk to L=1; 1 case run"
 
 
 @pytest.mark.parametrize(("flag", "status"), [((), 1), (("--no-grad",), 0)])
@@ -144,6 +178,10 @@ def test_a_wrong_backward_fails_check_unless_no_grad(tmp_path, kernel_file, flag
     grads = [r for r in records if r.get("mode") == "grad"]
     if status:
         assert "The gradient of" in proc.stdout and any(r["verdict"] == "divergent" for r in grads), _out(proc)
+        # one headline: the forward's "Kernel output diverges" under "the forward is equivalent" read as a
+        # contradiction (blind hunt, session 23)
+        assert "is divergent against the float64 oracle's" in proc.stdout, _out(proc)
+        assert "Kernel output diverges" not in proc.stdout, _out(proc)
         # the gradient's counterexample is saved and its replay takes that gradient again (before, the message
         # named a file that was never written, and a replay ran the forward, which is right)
         saved = list((tmp_path / "cases").glob("*.json"))

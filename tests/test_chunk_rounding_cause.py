@@ -154,6 +154,34 @@ def test_a_kernel_whose_decays_span_the_sequence_is_charged_the_sequence_s_chunk
     assert run_case(wrong, _problem("float32", length=130, chunk_size=1), options)["verdict"] == "divergent"
 
 
+def _parallel_form(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Correct, and takes no chunk size: a parallel form with one cumulative sum over the whole sequence."""
+    return _CHUNK(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size=q.shape[1])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_parallel_form_without_a_chunk_size_declares_its_sequence_long_decays(dtype):
+    """A blind hunt's correct parallel simple GLA (``exp(G_t - G_s)`` of one cumsum) was divergent in float64 at
+    L = 7, and ``decays_across_chunks=True`` changed nothing unless the kernel also took a dummy chunk_size.
+    Declared, it is charged one chunk of the whole length; undeclared, the why names the declaration."""
+    base = registry.get("intree.simple_gla_recurrent")
+
+    def spec(declared: bool) -> KernelSpec:
+        caps = dataclasses.replace(base.capabilities, decays_across_chunks=declared)
+        return KernelSpec(name="t.parallel", family=base.family, load=lambda: _parallel_form, capabilities=caps)
+
+    assert not spec(True).capabilities.takes_chunk
+    options = RunOptions(timeout_s=None, check_determinism=False)
+    undeclared = []
+    for seed in range(6):
+        p = _problem(dtype, seed=seed, length=130)
+        declared = run_case(spec(True), p, options)
+        assert declared["verdict"] == "equivalent", declared["why"]
+        undeclared.append(run_case(spec(False), p, options))
+    found = [r for r in undeclared if r["verdict"] == "divergent"]
+    assert found and all("decays_across_chunks=True" in r["why"] for r in found), [r["why"] for r in undeclared]
+
+
 def test_mamba_ssm_s_ssd_reference_is_judged_at_its_float32_cumulative_sums():
     """mamba-ssm's pure-PyTorch SSD reference casts dt to float32 "before cumsum": charged at bfloat16's u,
     its chunk term left no guaranteed digit in 44 of 76 bfloat16 cases of a nightly calibration (seed 37),

@@ -291,6 +291,14 @@ def test_a_kernel_s_gradients_are_counted_as_gradients_not_kernels():
     records.append(_record("k.a", "divergent", "kernel_bug", cond_max=50.0, onset_t=3))
     assert findings(records)[-1].line().startswith("Everything else (1 kernel, 5 gradients; float32)")
 
+def test_a_divergent_final_state_is_the_worst_cond_its_line_quotes():
+    """A kernel whose output is right and whose final state is wrong read "worst cond 0.265" (the output's) while
+    the final state was at 6e14 (blind hunt, session 23): the line quotes the worse of the two."""
+    records = [_record("k.a", "divergent", "kernel_bug", cond_max=0.265, final_state_cond_max=6.05e14, onset_t=3),
+               _record("k.a", "divergent", "kernel_bug", cond_max=0.5, final_state_cond_max=2.0, onset_t=3)]
+    assert "worst cond 6.05e+14 (float32 L=64 trained)" in findings(records)[0].line()
+
+
 def test_eps_drawn_at_random_is_not_listed_one_by_one():
     """A property-based run draws eps at random: seven values are no axis to read; the domain is the story."""
     drawn = [_record("k", "divergent", "eps_effect", family="retention_normed", eps=10.0 ** -e, cond_max=2.0 + e,

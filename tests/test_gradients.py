@@ -152,6 +152,33 @@ def test_a_gradient_s_counterexample_replays_that_gradient(tmp_path):
         replay(spec, case.problem, "dt", RunOptions())
 
 
+class _NoDecayGradient(_LeakyBackward):
+    """The right adjoint for b, and None for a: the backward forgets an input the output depends on."""
+
+    @staticmethod
+    def backward(ctx, g):
+        a, h = ctx.saved_tensors
+        with torch.enable_grad():
+            a_, b_ = a.detach().requires_grad_(), ctx.b.detach().requires_grad_()
+            (db,) = torch.autograd.grad(blelloch_linear_scan(a_, b_), (b_,), g)
+        return None, db
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.b = b
+        return _LeakyBackward.forward(ctx, a, b)
+
+
+def test_a_backward_that_returns_no_gradient_says_so():
+    """A backward returning None for g read as numbers (ACTUAL 0.0, cond 8e5) with no word of the None (blind
+    hunt, session 23): the why says the kernel gave no gradient there."""
+    spec = _planted(_NoDecayGradient.apply, "planted.no_decay_gradient")
+    records = {r["grad_of"]: r for r in gradient_case(spec, Problem("linear_scan", 16, dtype="float64", batch=2,
+                                                                     dim=3, seed=4))}
+    assert records["a"]["verdict"] == "divergent" and "gave no gradient for a (None" in records["a"]["why"]
+    assert records["b"]["verdict"] == "equivalent" and "no gradient" not in records["b"]["why"]
+
+
 class _NegatedBackward(_LeakyBackward):
     """The right adjoint (autograd through the same scan), returned with its sign flipped."""
 
@@ -354,6 +381,21 @@ def test_a_gradient_s_record_has_the_case_s_length_and_positions_along_its_input
                 assert r["shape"][t] == 9 and len(r["error_by_position"]) == 9 and 0 <= r["worst_t"] < 9, r["kernel"]
             else:
                 assert "t" not in r["axis_names"] and r["worst_t"] is None and not r["error_by_position"], r["kernel"]
+
+
+@pytest.mark.parametrize(("name", "family"), [("intree.simple_gla_recurrent", "simple_gla"),
+                                              ("intree.gla_recurrent", "gla")])
+def test_a_gated_gradient_names_its_axes_and_carries_none_of_the_forward_s_final_state(name, family):
+    """A blind hunt (session 23) read "Worst element at (batch=0, t=16, axis2=0)" for g's head, and the table's
+    worst cond of every gradient row was the forward's final state's (its ``final_state_*`` fields were copied
+    into each gradient record)."""
+    problem = Problem(family=family, length=9, dtype="float32", batch=2, heads=2, dk=3, dv=4, seed=1,
+                      has_initial_state=True, final_state=True)
+    records = gradient_case(get(name), problem, RunOptions())
+    names = {r["grad_of"]: tuple(r["axis_names"]) for r in records}
+    assert names["g"] == (("batch", "t", "head", "k") if family == "gla" else ("batch", "t", "head"))
+    assert names["initial_state"] == ("sequence", "head", "k", "v")
+    assert not [k for r in records for k in r if k.startswith("final_state_")]
 
 
 def test_a_gradient_within_its_bound_of_the_max_says_so_not_that_its_inputs_overflow():

@@ -161,6 +161,12 @@ class SimpleGLA(StatefulFamily):
     def output_shape(self, p):
         return (p.batch, p.length, p.heads, p.dv)
 
+    def input_axes(self, p, name):
+        """g's head (and key channel) by name: a gradient's worst element read ``axis2=0`` (blind hunt)."""
+        return {"q": ("batch", "t", "head", "k"), "k": ("batch", "t", "head", "k"),
+                "g": ("batch", "t", "head", "k")[:len(self.g_shape(p))],
+                "initial_state": ("sequence", "head", "k", "v")}.get(name)
+
     def state_shape(self, p) -> tuple[int, ...]:
         return (self.n_sequences(p), p.heads, p.dk, p.dv)
 

@@ -161,7 +161,8 @@ class Capabilities:
     #: whole sequence, not a product of per-chunk factors (mamba-ssm's ``state_passing_ref``: ``exp(cumsum_t -
     #: cumsum_s)`` over every pair of chunks): each carries ``u`` times the log-decay mass since the sequence's
     #: start, so the chunk term is charged as for one chunk of the whole length. Found at a chunk of 1 in
-    #: float32 (L = 35, mass 36): 11.5 times the float32 loop's error, called a kernel_bug.
+    #: float32 (L = 35, mass 36): 11.5 times the float32 loop's error, called a kernel_bug. A parallel form
+    #: with one cumulative sum over the sequence (``exp(G_t - G_s)``, no chunk size) declares it too.
     decays_across_chunks: bool = False
     #: retention_normed: the norm eps values at which the kernel is the oracle's function (None: any).
     #: A kernel that rescales rows before its norm agrees with the plain normed retention only at
