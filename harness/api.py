@@ -42,7 +42,9 @@ def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | 
         return spec
     if isinstance(target, str):
         from harness.kernels.isolation import probe_target
+        from harness.kernels.target import canonical_target
 
+        target = canonical_target(target)  # one name however the path was typed, from wherever
         probe_target(target, None if family is None else Family.parse(family).value)  # its import, in a worker
     obj = resolve_target(target) if isinstance(target, str) else target
     if isinstance(obj, KernelSpec):
@@ -338,7 +340,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     examples = max_examples or (lim.slow_max_examples if slow else lim.max_examples)
     if max_length is None and slow:
         max_length = lim.slow_max_length
-    target = fn if isinstance(fn, str) else None
+    # a file target as the kernel is named (`canonical_target`): its saved case replays from any folder
+    target = (_isolation.user_target(spec) or fn) if isinstance(fn, str) else None
 
     def where(record: dict[str, Any]) -> Path | None:  # the failing case's file: one per kernel, family and dtype
         if not save_counterexample:

@@ -1,0 +1,61 @@
+"""A user kernel named by a file has one name however its path is typed and wherever the command runs.
+
+Its name seeds its search, keys its gate cells and names its counterexample. A blind hunt (session 23) ran
+`harness check` from a subfolder of the project, with ``./`` and with an absolute path: three names, and
+against a baseline made from the root every cell of the user's kernels was "missing", so the gate passed
+while the kernel was divergent; a saved case's replay worked only from the folder it was found in.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.kernels.target import canonical_target, target_file
+
+KERNEL = '''
+def scan(a, b):
+    import torch
+    h, out = torch.zeros_like(b[..., 0]), []
+    for t in range(b.shape[-1]):
+        h = a[..., t] * h + b[..., t]
+        out.append(h)
+    return torch.stack(out, -1)
+'''
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\n')
+    (tmp_path / "kern").mkdir()
+    (tmp_path / "kern" / "scan.py").write_text(KERNEL)
+    return tmp_path
+
+
+def test_every_spelling_of_a_project_file_is_one_target(project, monkeypatch):
+    monkeypatch.chdir(project)
+    spelled = ["kern/scan.py:scan", "./kern/scan.py:scan", f"{project}/kern/scan.py:scan"]
+    monkeypatch.chdir(project / "kern")
+    spelled += ["scan.py:scan", "../kern/scan.py:scan", "kern/scan.py:scan"]  # the last: from the root, as printed
+    assert {canonical_target(t) for t in spelled} == {"kern/scan.py:scan"}
+    assert target_file("kern/scan.py:scan") == project / "kern" / "scan.py"  # found from the subfolder
+    outside = project.parent / "elsewhere.py:f"
+    assert canonical_target(str(outside)) == str(outside)  # not the project's: as written
+    assert canonical_target("pkg.mod:fn") == "pkg.mod:fn" and canonical_target("intree.blelloch_scan") == "intree.blelloch_scan"
+
+
+def test_a_kernel_checked_from_a_subfolder_has_the_root_s_name_and_its_case_replays_anywhere(project, monkeypatch):
+    from harness.api import check, user_kernel_spec
+    from harness.cases import load_case
+
+    monkeypatch.chdir(project)
+    at_root = user_kernel_spec("./kern/scan.py:scan", family="linear_scan").name
+    monkeypatch.chdir(project / "kern")
+    assert user_kernel_spec("scan.py:scan", family="linear_scan").name == at_root == "user.kern/scan.py:scan"
+    (project / "kern" / "bad.py").write_text(KERNEL + "\n\ndef bad(a, b):\n    return scan(a, b) * 1.01\n")
+    result = check("bad.py:bad", family="linear_scan", dtypes=("float64",), max_examples=4, max_length=8,
+                   grad=False, shrink_deadline_s=0, counterexample_dir=project / "cases", isolation="in-process")
+    assert not result.passed and result.counterexample is not None
+    case = load_case(result.counterexample)
+    assert case.kernel_target == "kern/bad.py:bad" and "--kernel kern/bad.py:bad" in result.message
+    monkeypatch.chdir(project)
+    assert target_file(case.kernel_target).resolve() == (project / "kern" / "bad.py").resolve()
