@@ -337,6 +337,10 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         if found is not None:  # the cause where nothing else named it; beside precision_loss, the advice
             cause = "chunk_rounding" if cause == "kernel_bug" else cause
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
+    if cause in ("kernel_bug", "precision_loss") and not record.get("future_leak") and record.get("chunk_precision"):
+        found = _declared_chunk_precision(spec, problem, inputs, outputs, baselines, precision, options, record)
+        if found is not None:
+            judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
     handed_back = _returned_input(inputs, outputs) if cause == "kernel_bug" else None
     if handed_back is not None:  # no layout or factor explains an output that is an input as it was handed
         judgement = Judgement(judgement.verdict, f"{judgement.why}; {handed_back}", judgement.rule)
@@ -563,6 +567,23 @@ def _chunked_bound(chunked: _ChunkedTraces, outputs: dict[str, Any], baselines: 
     return f"chunk rounding: {_SEQUENCE_CLAUSE.format(cond_max=cond_max)}"
 
 
+def _declared_chunk_precision(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
+                              outputs: dict[str, Any], baselines: dict[str, Any] | None, precision: str,
+                              options: RunOptions, record: dict[str, Any]) -> str | None:
+    """Whether a divergent case of a kernel that declares its chunk decays finer than the case's dtype
+    (`Capabilities.chunk_computes_in`) is within the bound of decays formed in the case's dtype: the why's
+    clause if so (the declaration does not hold), else None. A blind hunt's kernel declared float32 sums and
+    formed them in float16: "precision_loss", with no word of the declaration it was judged by (session 23)."""
+    plain = reference_traces(chunk_blocking(spec, problem), inputs, spec.convention)
+    div, judgement = _judge_outputs(problem, outputs, plain, baselines, precision, options)
+    if not explains(judgement):
+        return None
+    return (f"declared chunk precision: judged with its chunk decays at {record['chunk_precision']}'s rounding, as "
+            f"it declares (chunk_computes_in), it is within the bound of decays formed in {problem.dtype} (cond_max "
+            f"{div.cond_max:.3g}): it forms them in {problem.dtype}; drop the declaration or form them in "
+            f"{record['chunk_precision']}")
+
+
 _CHUNK_CLAUSE = (f"within the bound of a chunked form with chunk {CHUNK_COUNTERFACTUAL} (cond_max {{cond_max:.3g}}), "
                  "whose decays are exp of differences of cumulative sums; if the kernel chunks, declare its chunk "
                  "size (a chunk_size parameter, or Capabilities(chunk_sizes=...) in a KernelSpec) and the bound "
@@ -641,7 +662,11 @@ def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor, 
     near = sorted((abs(f - c), i) for i, (f, _) in enumerate(known)
                   if abs(f - c) <= FACTOR_NEAR * abs(f))  # ties: the more specific meaning, listed first
     tries = [known[i] for _, i in near]
-    if n >= FACTOR_MIN_ELEMENTS and _typical_ratio_near(x[both], o[both], c):  # a few elements: some factor always
+    # a final state carries no convention but a scale folded into k (`_known_factors`): another factor there is a
+    # decay's (a padded tail chunk decayed the state by exp(pad * g): "0.91 times, another convention", blind
+    # hunt, session 23)
+    if (target != "final_state" and n >= FACTOR_MIN_ELEMENTS
+            and _typical_ratio_near(x[both], o[both], c)):  # a few elements: some factor always
         tries.append((c, "another scale or sign convention than the family's (the README's kernel contract)"))
     return tries
 

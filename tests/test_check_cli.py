@@ -205,7 +205,8 @@ def test_exit_1_for_a_wrong_kernel(wrong_run):
     assert len(saved) == 1, _out(proc)
     assert f"counterexample saved: {saved[0]}" in out, _out(proc)
     case = json.loads(saved[0].read_text())
-    assert case["kernel_target"] == f"{kernel_file}:loop_scan_stale_decay"
+    # typed as an absolute path inside the project (here the working directory): named from its root
+    assert case["kernel_target"] == f"{kernel_file.relative_to(tmp_path)}:loop_scan_stale_decay"
     assert case["found"]["verdict"] == "divergent"
     assert case["problem"]["length"] >= 2  # the bug needs a second step
 
@@ -213,7 +214,7 @@ def test_exit_1_for_a_wrong_kernel(wrong_run):
 def test_the_saved_counterexample_replays(wrong_run):
     tmp_path, kernel_file, proc = wrong_run
     saved = next((tmp_path / "cases").glob("*.json"))
-    target = f"{kernel_file}:loop_scan_stale_decay"
+    target = f"{kernel_file.relative_to(tmp_path)}:loop_scan_stale_decay"
     # a case file is data: the file it names is not imported unless the user says so (exit 2, with how)
     refused = harness(tmp_path, "replay", str(saved))
     assert refused.returncode == 2, _out(refused)
@@ -229,9 +230,10 @@ def test_the_saved_counterexample_replays(wrong_run):
 def test_the_printed_replay_line_names_the_kernel_target(wrong_run):
     tmp_path, kernel_file, proc = wrong_run
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("Replay: harness replay "))
-    assert f"--kernel {kernel_file}:loop_scan_stale_decay" in line, line
+    target = f"{kernel_file.relative_to(tmp_path)}:loop_scan_stale_decay"  # from the project's root, as named
+    assert f"--kernel {target}" in line, line
     record = json.loads((tmp_path / "report" / "records.jsonl").read_text().splitlines()[0])
-    assert record["replay"].startswith(f"harness replay --kernel {kernel_file}:loop_scan_stale_decay "), record
+    assert record["replay"].startswith(f"harness replay --kernel {target} "), record
     assert record["isolation"] == "process"  # the CLI runs kernels in a worker process by default
 
 

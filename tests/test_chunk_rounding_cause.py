@@ -110,6 +110,9 @@ def test_a_chunk_kernel_that_forms_its_decays_in_float32_is_judged_at_float32_s_
     assert after["verdict"] == "equivalent" and after["n_precision_exhausted"] == 0, after["why"]
     assert after["chunk_precision"] == "float32" and "chunk_precision" not in before
     assert false_claim["verdict"] == "divergent" and false_claim["cond_max"] > 4, false_claim["why"]
+    # the why says what it was judged by and that the declaration does not hold (a blind hunt's kernel read
+    # only "precision_loss", session 23)
+    assert f"it forms them in {dtype}; drop the declaration" in false_claim["why"], false_claim["why"]
 
 
 def test_fla_s_chunk_kernels_declare_float32_decays():

@@ -243,6 +243,31 @@ def test_a_final_state_off_by_a_factor_is_named_as_the_output_would_be():
     assert "final state is 0.25 times" in record["why"] and "folded into k" in record["why"], record["why"]
 
 
+def _final_state_decayed_once_more(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+                                   cu_seqlens=None):
+    """Output right; the final state decayed by the last step's gate once more (a padded tail chunk's slip)."""
+    from harness.kernels import gated_forms as gf
+
+    out, state = gf.simple_gla_chunk(q, k, v, g, scale, initial_state, output_final_state, None, 16)
+    if state is not None:
+        state = state * g[:, -1].exp().transpose(0, 1).reshape(1, -1, 1, 1)
+    return out, state
+
+
+def test_a_final_state_off_by_a_decay_is_no_convention():
+    """A blind hunt's padded tail chunk decayed the final state once more: one head, so one factor (0.91),
+    named "constant_factor: another scale or sign convention". A final state carries no convention but the
+    scale folded into k; any other factor is a kernel bug."""
+    from harness.kernels.contract import Capabilities, KernelSpec
+
+    spec = KernelSpec(name="planted.final_state_decayed", family="simple_gla", load=lambda: _final_state_decayed_once_more,
+                      capabilities=Capabilities(dtypes=("float64",), final_state=True, scale=True), source="test")
+    record = run_case(spec, Problem("simple_gla", 20, dtype="float64", batch=1, heads=1, dk=16, dv=8, seed=3,
+                                    final_state=True), RunOptions())
+    assert record["verdict"] == "divergent" and record.get("verdict_target") == "final_state", record["why"]
+    assert record["cause"] == "kernel_bug" and "convention" not in record["why"], record["why"]
+
+
 def scan_chunked_carry_undecayed(a, b):
     """A chunked scan (chunks of 16, the loop inside, float32 for half inputs) whose carry into a chunk misses
     that chunk's first decay: a chunk-boundary slip, no scale."""
