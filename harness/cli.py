@@ -315,7 +315,7 @@ def search_outcome(result) -> str:
     """One search's line under ``searches:``: its outcome, how many cases ran and how many of them (and of their
     gradients) were not judged. A half-precision chunk search that read "passed; 40 cases run" had 32 of them
     out_of_domain, and a wrong bfloat16 dg passed there unseen (blind hunt, session 23); a shrunk ``kernel_bug``
-    says what its larger cases were named (the message's "Named on larger cases")."""
+    says what its larger cases were named (the message's "Named on larger cases"); regimes no case drew are named."""
     import collections
 
     from harness.api import larger_cases_cause
@@ -337,6 +337,10 @@ def search_outcome(result) -> str:
     if grads:
         beyond = sum(1 for r in grads if r.get("verdict") == "out_of_domain")
         line += f"; {len(grads)} gradients" + (f", {beyond} not judged (out_of_domain)" if beyond else "")
+    drawn = {r.get("regime") for r in forward}
+    missed = [regime for regime in result.regimes if regime not in drawn]
+    if forward and missed:
+        line += f"; no case in regime {', '.join(missed)} (more --max-examples draws them)"
     return line
 
 

@@ -111,6 +111,13 @@ def explicit_values(draw, problem: Problem) -> dict[str, list[float]]:
     return out
 
 
+def searched_regimes(spec: KernelSpec, regimes: tuple[str, ...] | None = None) -> list[str]:
+    """The input regimes a search of ``spec`` draws from: its family's (or those of ``regimes`` that apply), less
+    those the kernel skips (`Capabilities.skip_regimes`)."""
+    applies = families.get(spec.family).regimes
+    return [r for r in (regimes or applies) if r in applies and r not in spec.capabilities.skip_regimes]
+
+
 @st.composite
 def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, device: str = "cpu",
              regimes: tuple[str, ...] | None = None, max_length: int | None = None,
@@ -122,8 +129,7 @@ def problems(draw, spec: KernelSpec, *, dtypes: tuple[str, ...] | None = None, d
     ok_dtypes = [d for d in (dtypes or caps.dtypes) if caps.runs(d, device) is None]
     if not ok_dtypes:
         raise InvalidArgument(f"kernel {spec.name!r} runs none of dtypes={dtypes or caps.dtypes!r} on {device!r}")
-    applies = families.get(fam).regimes
-    ok_regimes = [r for r in (regimes or applies) if r in applies and r not in caps.skip_regimes]
+    ok_regimes = searched_regimes(spec, regimes)
     if not ok_regimes:
         raise InvalidArgument(f"regimes={regimes!r} has none that applies to family {fam.value} and kernel "
                               f"{spec.name!r} (it skips {sorted(caps.skip_regimes)})")

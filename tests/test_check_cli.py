@@ -129,13 +129,13 @@ def test_exit_0_for_a_correct_kernel(tmp_path, kernel_file):
     # one dtype searched: its line is printed too (the README promises one per dtype; it came only for two or more)
     summary = proc.stdout.split("\nsearches:\n")[1].splitlines()
     grads = sum(1 for r in records if r.get("mode") == "grad")
-    assert summary[0].endswith(f"loop_scan float64: passed; 6 cases run; {grads} gradients"), summary
+    assert f"loop_scan float64: passed; 6 cases run; {grads} gradients" in summary[0], summary
 
 
-def _search(records, failure=None):
+def _search(records, failure=None, regimes=()):
     from harness.api import CheckResult
 
-    return CheckResult(records=records, failure=failure)
+    return CheckResult(records=records, failure=failure, regimes=regimes)
 
 
 def test_a_search_line_says_how_many_cases_were_not_judged():
@@ -151,6 +151,10 @@ def test_a_search_line_says_how_many_cases_were_not_judged():
         "passed; 40 cases run, 32 not judged (out_of_domain: precision_exhausted 30, input_overflow 2); "
         "8 gradients, 3 not judged (out_of_domain)")
     assert search_outcome(_search(records[:8])) == "passed; 8 cases run"
+    drawn = [dict(r, regime="trained") for r in records[:3]]
+    regimes = ("trained", "large", "negative_steps")
+    assert search_outcome(_search(drawn, regimes=regimes)) == (
+        "passed; 3 cases run; no case in regime large, negative_steps (more --max-examples draws them)")
 
 
 def test_a_search_line_names_what_the_larger_cases_were():

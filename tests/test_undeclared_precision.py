@@ -234,3 +234,14 @@ def test_autocast_is_an_undeclared_precision_not_a_precision_loss():
         assert record["verdict"] == "divergent" and record["float64_verdict"] == "equivalent"
         assert record["cause"] == "undeclared_precision", record["why"]
         assert "computes_in={'float32': 'bfloat16'}" in record["why"]
+
+
+def test_a_search_s_tiny_or_large_kernel_bug_beside_an_undeclared_precision_is_said_to_be_its_range():
+    """A float32-internal kernel's float64 search: 13 cases undeclared_precision, 13 kernel_bug in ``tiny`` and
+    ``large`` (float32's range), the latter read as a second bug (blind hunt, session 23)."""
+    from harness.api import _same_narrow_range
+
+    reported = {"cause": "undeclared_precision"}
+    assert "same narrower dtype's range" in _same_narrow_range(reported, {"cause": "kernel_bug", "regime": "tiny"})
+    assert _same_narrow_range(reported, {"cause": "kernel_bug", "regime": "trained"}) == ""
+    assert _same_narrow_range({"cause": "kernel_bug"}, {"cause": "kernel_bug", "regime": "large"}) == ""
