@@ -466,8 +466,8 @@ def cmd_merge(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from harness.gate import diff_markdown, diff_runs
-    from harness.store import load_records
+    from harness.gate import diff_markdown, diff_runs, partial_warnings
+    from harness.store import load_header, load_records
 
     for name in ("base", "new"):
         path = Path(getattr(args, name))
@@ -476,7 +476,8 @@ def cmd_diff(args) -> int:
                                   "(with records.jsonl)")
         if not load_records(path):
             raise InvalidArgument(f"{name}={str(path)!r} holds no records (records*.jsonl); expected a run directory")
-    print(diff_markdown(diff_runs(load_records(args.base), load_records(args.new))))
+    warnings = partial_warnings(load_header(args.base), load_header(args.new)).values()
+    print(diff_markdown(diff_runs(load_records(args.base), load_records(args.new)), warnings=list(warnings)))
     return EXIT_OK
 
 
@@ -515,7 +516,7 @@ def cmd_baseline(args) -> int:
     from harness.gate import update_baseline
 
     baseline = args.baseline or _project(args).baseline_dir
-    update_baseline(args.run_dir, baseline)
+    update_baseline(args.run_dir, baseline, allow_partial=args.allow_partial)
     print(f"baseline updated: {baseline} <- {args.run_dir}")
     return EXIT_OK
 
@@ -584,7 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("merge", help="join the runs of a sharded sweep or check (--shard K/N) into one run and report it")
     s.add_argument("run_dirs", nargs="+", metavar="RUN")
     s.add_argument("--out", required=True, help="the merged run directory (must not exist)")
-    s.add_argument("--allow-missing", action="store_true", help="merge although some shards are missing")
+    s.add_argument("--allow-missing", action="store_true",
+                   help="merge although some shards are missing or partial (interrupted); the merged run is marked "
+                        "partial")
     s.set_defaults(func=cmd_merge)
 
     s = sub.add_parser("diff", help="compare two runs cell by cell, worst first")
@@ -604,6 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("update-baseline", help="make a run the new baseline (the project's baseline folder)")
     s.add_argument("run_dir")
     s.add_argument("--baseline", default=None, help="default: the project's baseline folder")
+    s.add_argument("--allow-partial", action="store_true",
+                   help="make an interrupted (partial) run the baseline although its missing cases go ungated")
     s.set_defaults(func=cmd_baseline)
 
     s = sub.add_parser("init", help="write the [tool.harness] table into ./pyproject.toml and the CI workflow")

@@ -34,11 +34,16 @@ schema newer than this harness reads (`harness.records.SCHEMA_VERSION`), are ref
 (`IncomparableRuns`, exit status 2) unless ``allow_mismatch`` (``--allow-mismatch`` / ``--force``).
 Other differences (torch, harness version, GPU model) are listed as notes and compared anyway.
 
-Besides metric growth, the gate fails when a cell's worst verdict gets worse (`harness.records.SEVERITY`:
-equivalent -> anything else, out_of_domain -> divergent or kernel_error). A new value that is NaN or
-Inf where the baseline's was finite counts as growth past any factor. Cells only in one run are
+Besides metric growth, the gate fails when a cell's worst verdict gets worse (`verdict_change`: by
+`harness.records.SEVERITY`, equivalent -> anything else, out_of_domain -> divergent or kernel_error; and
+a change between the two failing verdicts, divergent <-> kernel_error, either way). A new value that is
+NaN or Inf where the baseline's was finite counts as growth past any factor. Cells only in one run are
 reported (``missing`` / ``added``) and fail only with ``fail_on_missing=True``; but two runs with no
-cell in common fail (nothing was compared: most likely the wrong baseline).
+cell in common fail (nothing was compared: most likely the wrong baseline), and so does a term whose
+metric no measured record of the compared cells holds as a number on one side (`unmeasured_terms`: a
+damaged or foreign baseline would otherwise turn the term off without a word). A partial run (header
+``partial``: interrupted, or merged without all its shards; `partial_warnings`) fails the gate: it cannot
+show that the kernel is no worse where it stopped. A partial baseline is compared, with a warning.
 """
 
 from __future__ import annotations
@@ -55,8 +60,8 @@ import pandas as pd
 
 from harness.errors import InvalidArgument
 from harness.options import DEFAULT_FAIL_ON
-from harness.records import SCHEMA_VERSION, device_family, newer_schema, schema_version
-from harness.report import CELL_KEYS, cell_table, format_value, severity
+from harness.records import SCHEMA_VERSION, device_family, is_failing, newer_schema, schema_version
+from harness.report import CELL_KEYS, cell_key, cell_table, format_value, severity
 
 #: Short names of the fail-on language -> record fields.
 METRIC_ALIASES: dict[str, str] = {
@@ -99,8 +104,11 @@ class FailOn:
 class GateResult:
     """What `gate` decided: ``passed``, one message per failure, and the cell-by-cell diff table.
 
-    ``failures`` come in the diff's order (worse verdicts, then grown metrics, worst first); ``better``
-    lists cells whose verdict improved, ``unchanged`` counts the cells compared that did not change.
+    ``failures`` come in the diff's order (worse verdicts, then grown metrics, worst first), then
+    ``run_failures``, those about the runs as a whole (no cell in common, missing cells with
+    ``fail_on_missing``, a term no record can be checked on, a partial run); ``better`` lists cells whose
+    verdict improved, ``unchanged`` counts the cells compared that did not change; ``warnings`` say what
+    makes the comparison weaker without failing it (a partial baseline).
     """
 
     passed: bool
@@ -112,6 +120,8 @@ class GateResult:
     better: list[str] = field(default_factory=list)
     unchanged: int = 0
     notes: list[str] = field(default_factory=list)  # header differences compared anyway (`comparability`)
+    run_failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -120,10 +130,9 @@ class GateResult:
         """The gate's outcome as Markdown, what changed first (for the terminal and ``$GITHUB_STEP_SUMMARY``)."""
         terms = ", ".join(t.term for t in self.terms) or "verdicts only"
         head = f"**Gate {'passed' if self.passed else 'FAILED'}** (fail on: {terms}; {len(self.failures)} failures)"
-        extra = [f for f in self.failures if f.startswith(("no cell", "missing cell"))]
         notes = "".join(f"\n- note: {n}" for n in self.notes)
-        return (head + notes + "\n\n"
-                + changes_markdown(self.table, self.terms, max_lines=max_lines, extra_failures=extra))
+        return (head + _warning_lines(self.warnings) + notes + "\n\n"
+                + changes_markdown(self.table, self.terms, max_lines=max_lines, extra_failures=self.run_failures))
 
 
 #: How a cell changed between two runs, in the order `diff_runs` lists them (what a reviewer acts on first).
@@ -228,8 +237,8 @@ def diff_runs(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[M
     metric of ``fail_on`` grew past its factor, noise floors applied, ``added``, ``missing``,
     ``unchanged``), ``grown`` (one message per grown metric), ``base_n``/``new_n`` (cases),
     ``base_verdict``/``new_verdict`` (the cell's worst verdict), ``verdict_change`` (-1, 0, +1: better,
-    same, worse), for each metric of `GATE_METRICS` ``base_<m>``, ``new_<m>``, ``ratio_<m>`` (new /
-    base), and ``worst_ratio``. Rows are ordered by `CHANGES`, then the largest metric ratio.
+    same, worse: `verdict_change`), for each metric of `GATE_METRICS` ``base_<m>``, ``new_<m>``,
+    ``ratio_<m>`` (new / base), and ``worst_ratio``. Rows are ordered by `CHANGES`, then the largest metric ratio.
     """
     terms = _terms(fail_on)
     base = cell_table(base_records).set_index(list(CELL_KEYS))
@@ -246,11 +255,8 @@ def diff_runs(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[M
         row["new_n"] = int(n["n"]) if n is not None else 0
         row["base_verdict"] = str(b["worst_verdict"]) if b is not None else "-"
         row["new_verdict"] = str(n["worst_verdict"]) if n is not None else "-"
-        if b is not None and n is not None:
-            sb, sn = severity(row["base_verdict"]), severity(row["new_verdict"])
-            row["verdict_change"] = (sn > sb) - (sn < sb)
-        else:
-            row["verdict_change"] = 0
+        both = b is not None and n is not None
+        row["verdict_change"] = verdict_change(row["base_verdict"], row["new_verdict"]) if both else 0
         ratios = []
         for m in GATE_METRICS:
             bv = float(b[m]) if b is not None else math.nan
@@ -279,6 +285,20 @@ def diff_runs(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[M
     columns = [*CELL_KEYS, "status", "change", "grown", "base_n", "new_n", "base_verdict", "new_verdict",
                "verdict_change", *(f"{p}_{m}" for m in GATE_METRICS for p in ("base", "new", "ratio")), "worst_ratio"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def verdict_change(base: str, new: str) -> int:
+    """+1 when a cell's worst verdict got worse from ``base`` to ``new``, -1 when better, 0 when the same.
+
+    By `harness.records.SEVERITY` (divergent > kernel_error > out_of_domain > equivalent), except that a
+    change between the two failing verdicts counts as worse either way: a kernel that went from wrong
+    numbers to crashing (or from crashing to wrong numbers) fails in a new way, and is not better (a blind
+    hunt's verdicts-only gate passed divergent -> kernel_error as "5 better verdicts").
+    """
+    if base != new and is_failing(base) and is_failing(new):
+        return 1
+    sb, sn = severity(base), severity(new)
+    return (sn > sb) - (sn < sb)
 
 
 def _terms(fail_on: str | Sequence[FailOn] | None) -> tuple[FailOn, ...]:
@@ -350,9 +370,31 @@ def changes_markdown(table: pd.DataFrame, terms: Sequence[FailOn] = (), *, max_l
     return "\n".join(lines)
 
 
-def diff_markdown(table: pd.DataFrame, fail_on: str | Sequence[FailOn] | None = DEFAULT_FAIL_ON) -> str:
-    """`harness diff`'s output: what changed first (`changes_markdown`), unchanged cells counted."""
-    return changes_markdown(table, _terms(fail_on))
+def diff_markdown(table: pd.DataFrame, fail_on: str | Sequence[FailOn] | None = DEFAULT_FAIL_ON, *,
+                  warnings: Sequence[str] = ()) -> str:
+    """`harness diff`'s output: ``warnings`` (`partial_warnings`), then what changed first
+    (`changes_markdown`), unchanged cells counted."""
+    head = _warning_lines(warnings).lstrip("\n")
+    return (head + "\n\n" if head else "") + changes_markdown(table, _terms(fail_on))
+
+
+def _warning_lines(warnings: Sequence[str]) -> str:
+    return "".join(f"\n- warning: {w}" for w in warnings)
+
+
+def partial_warnings(base_header: Mapping[str, Any], new_header: Mapping[str, Any]) -> dict[str, str]:
+    """Side (``baseline``, ``run``) -> what it means that this side is a partial run (its header's
+    ``partial``: interrupted, or merged without all its shards; `harness.store.mark_partial`,
+    `harness.shard.merge_runs`). Its cases that never ran are neither compared nor told apart from cells
+    that were not drawn, so `harness diff` warns of it and `gate` fails on a partial run."""
+    meaning = {
+        "baseline": "its cells that never ran are not compared (the run's cells there count as new); make the "
+                    "baseline from a complete run",
+        "run": "a run stopped early cannot show that the kernel is no worse where it stopped (its cells that "
+               "never ran count as missing); rerun it to completion",
+    }
+    return {side: f"the {side} is partial ({header.get('status') or 'partial: true in run.json'}): {meaning[side]}"
+            for side, header in (("baseline", base_header), ("run", new_header)) if header.get("partial")}
 
 
 # ------------------------------------------------------------------------------------------ the gate
@@ -369,14 +411,43 @@ def gate_records(base_records: Sequence[Mapping[str, Any]], new_records: Sequenc
             failures += _change_lines(row)
         elif row["change"] in lists:
             lists[row["change"]] += _change_lines(row)
-    if fail_on_missing:
-        failures += [f"missing cell {m}" for m in lists["missing"]]
+    run_failures = [f"missing cell {m}" for m in lists["missing"]] if fail_on_missing else []
     if len(table) and not (table["status"] == "both").any():
-        failures.append(f"no cell of this run matches the baseline ({len(lists['missing'])} baseline cells, "
-                        f"{len(lists['added'])} new cells): nothing was compared; is it the baseline of these kernels?")
+        run_failures.append(f"no cell of this run matches the baseline ({len(lists['missing'])} baseline cells, "
+                            f"{len(lists['added'])} new cells): nothing was compared; is it the baseline of these "
+                            "kernels?")
+    run_failures += unmeasured_terms(table, base_records, new_records, terms)
     unchanged = int((table["change"] == "unchanged").sum()) if len(table) else 0
-    return GateResult(passed=not failures, failures=failures, table=table, missing=lists["missing"],
-                      added=lists["added"], terms=terms, better=lists["better"], unchanged=unchanged)
+    return GateResult(passed=not failures + run_failures, failures=failures + run_failures, table=table,
+                      missing=lists["missing"], added=lists["added"], terms=terms, better=lists["better"],
+                      unchanged=unchanged, run_failures=run_failures)
+
+
+def unmeasured_terms(table: pd.DataFrame, base_records: Sequence[Mapping[str, Any]],
+                     new_records: Sequence[Mapping[str, Any]], terms: Sequence[FailOn]) -> list[str]:
+    """One failure per term of ``terms`` that cannot be checked: no record of the compared cells (``table``'s
+    ``both`` rows) on one side that measured something (any verdict but kernel_error, whose records carry
+    no metric) holds the term's metric as a number (NaN, the written form of a value that could not be
+    measured, is a number here). A few missing values are skipped cell by cell (`_grew`); none at all is a
+    baseline damaged or written by another version, which would otherwise pass every cell on that term
+    without a word (a blind hunt's baseline without ``cond_max``: "0 grew past the threshold").
+    """
+    compared = set(table.loc[table["status"] == "both", list(CELL_KEYS)].itertuples(index=False, name=None)) \
+        if len(table) else set()
+    out = []
+    for side, records in (("baseline", base_records), ("run", new_records)):
+        measured = [r for r in records if r.get("verdict") != "kernel_error" and cell_key(r) in compared]
+        for term in terms:
+            if measured and not any(_is_number(r.get(term.metric)) for r in measured):
+                out.append(f"no {side} record of the {len(compared)} compared cells holds a number in "
+                           f"{term.metric!r} (missing or not a number in all {len(measured)} records that measured "
+                           f"something): the term {term.term!r} cannot be checked; the {side} may be damaged or "
+                           "written by another harness version: remake it, or leave the term out of --fail-on")
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _grew(term: FailOn, base: float, new: float, dtype: str) -> bool:
@@ -454,37 +525,52 @@ def gate(baseline_dir: str | os.PathLike, new_dir: str | os.PathLike, fail_on: s
     if not new_records:
         raise InvalidArgument(f"new_dir={str(new_dir)!r} holds no records (records*.jsonl); run a sweep or a "
                               "check with --report-dir first")
-    refuse, notes = comparability(load_header(base_path), load_header(new_path), base_records, new_records)
+    base_header, new_header = load_header(base_path), load_header(new_path)
+    refuse, notes = comparability(base_header, new_header, base_records, new_records)
     if refuse and not allow_mismatch:
         raise IncomparableRuns(f"the gate refuses to compare {str(new_dir)!r} with the baseline {str(baseline_dir)!r}: "
                                + "; ".join(refuse) + ". Pass --allow-mismatch (allow_mismatch=True) to compare anyway")
     result = gate_records(base_records, new_records, fail_on, fail_on_missing=fail_on_missing)
     result.notes = [f"compared although {r} (--allow-mismatch)" for r in refuse] + notes
+    partial = partial_warnings(base_header, new_header)
+    result.warnings = [partial["baseline"]] if "baseline" in partial else []
+    if "run" in partial:
+        result.run_failures.append(partial["run"])
+        result.failures.append(partial["run"])
+        result.passed = False
     return result
 
 
-def update_baseline(run_dir: str | os.PathLike, baseline_dir: str | os.PathLike) -> Path:
+def update_baseline(run_dir: str | os.PathLike, baseline_dir: str | os.PathLike, *,
+                    allow_partial: bool = False) -> Path:
     """Make the run in ``run_dir`` the baseline: its records (merged, one file) and header (run.json).
 
-    Records of an earlier baseline are replaced; other files in ``baseline_dir`` are left alone.
+    Records of an earlier baseline are replaced; other files in ``baseline_dir`` are left alone. A partial
+    run (interrupted, or merged without all its shards) is refused unless ``allow_partial``: the cases it
+    never ran would be missing from every later gate's comparison (`partial_warnings`).
     """
     from harness.report import canonical_order
-    from harness.store import HEADER_FILE, RECORDS_GLOB, load_records, write_records
+    from harness.store import HEADER_FILE, RECORDS_GLOB, load_header, load_records, write_records
 
     src, dst = Path(run_dir), Path(baseline_dir)
     records = load_records(src) if src.is_dir() else []
     if not records:
         raise InvalidArgument(f"run_dir={str(run_dir)!r} holds no records (records*.jsonl); nothing to make the "
                               "baseline from")
+    header = load_header(src)
+    if header.get("partial") and not allow_partial:
+        raise InvalidArgument(f"run_dir={str(run_dir)!r} is a partial run ({header.get('status') or 'partial'}); "
+                              "expected a complete run: the cases it never ran would not be compared by any later "
+                              "gate. Rerun it to completion, or pass allow_partial (--allow-partial) to make it "
+                              "the baseline anyway")
     if src.resolve() == dst.resolve():
         raise InvalidArgument(f"run_dir={str(run_dir)!r} is the baseline itself; pass another run directory")
     dst.mkdir(parents=True, exist_ok=True)
     for old in dst.glob(RECORDS_GLOB):
         old.unlink()
     write_records(dst / "records.jsonl", canonical_order(records))
-    header = src / HEADER_FILE
-    if header.is_file():
-        shutil.copyfile(header, dst / HEADER_FILE)
+    if (src / HEADER_FILE).is_file():
+        shutil.copyfile(src / HEADER_FILE, dst / HEADER_FILE)
     else:
         (dst / HEADER_FILE).unlink(missing_ok=True)
     return dst

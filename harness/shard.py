@@ -7,9 +7,11 @@ runs into one whose records, and so whose report, equal the unsharded run's. The
 the sweep's definition and on which kernels are available (which the run header records), never on
 timing, so every job computes the same partition independently.
 
-`merge_runs` refuses what would give a wrong report: runs of different sweeps, machines or code
-(the header fields in `MUST_AGREE`), a shard given twice, shards of different counts, a case recorded
-by two shards, and (unless ``allow_missing``) a missing shard.
+`merge_runs` refuses what would give a wrong report: runs of different sweeps, checks, machines or code
+(`run_identity`: the header fields in `MUST_AGREE`, the options of the recorded command but those of
+`PER_JOB_OPTIONS`, and the records' verdict threshold), a shard given twice, shards of different counts,
+a case recorded by two shards, and (unless ``allow_missing``) a missing or partial (interrupted) shard; a
+run merged without all of them is marked partial.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ T = TypeVar("T")
 
 #: Header fields that must be the same in every shard of one merged run.
 MUST_AGREE = ("harness_version", "torch", "python", "device", "cuda", "git_commit", "profile")
+
+#: Options of `harness check` and `harness sweep` (their argparse destinations) that say where a job writes
+#: or what it prints, not what it runs: the shards of one run differ in them, and in nothing else they
+#: were given.
+PER_JOB_OPTIONS = frozenset({"shard", "report_dir", "cases_dir", "append", "quiet", "no_summary", "func"})
+
+#: The commands whose runs are sharded (``--shard K/N``) and merged.
+SHARDED_COMMANDS = ("check", "sweep")
 
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -70,7 +80,9 @@ def merge_runs(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike
                allow_missing: bool = False) -> list[dict[str, Any]]:
     """Join the records of sharded runs into ``out_dir`` (a header and one records file) and return them.
 
-    Raises `InvalidArgument` for runs that cannot be one run (see the module docstring).
+    Raises `InvalidArgument` for runs that cannot be one run (see the module docstring). With
+    ``allow_missing``, missing shards and partial shards are merged and the merged header says
+    ``partial``, with what is missing in its ``status``.
     """
     from harness.store import HEADER_FILE, RunStore, load_header, load_records
 
@@ -79,6 +91,7 @@ def merge_runs(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike
         raise InvalidArgument("merge needs at least one run directory")
     headers, records, seen_shards, counts = [], [], {}, set()
     owner: dict[tuple[str, str, str, str], Path] = {}
+    agreed: dict[str, tuple[Path, Any]] = {}  # run_identity's entries: the run that gave each, its value
     for run_dir in dirs:
         if not (run_dir / HEADER_FILE).is_file():
             raise InvalidArgument(f"run_dir={str(run_dir)!r} is not a run directory (no {HEADER_FILE})")
@@ -91,13 +104,10 @@ def merge_runs(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike
                                       f"and {str(run_dir)!r}")
             seen_shards[parsed.label] = run_dir
             counts.add(parsed.count)
-        for field in MUST_AGREE:
-            if headers and header.get(field) != headers[0].get(field):
-                raise InvalidArgument(f"runs {str(dirs[0])!r} and {str(run_dir)!r} differ in {field!r} "
-                                      f"({headers[0].get(field)!r} vs {header.get(field)!r}): they are not "
-                                      f"shards of one run")
+        run_records = load_records(run_dir)
+        _same_run(agreed, run_dir, run_identity(header, run_records))
         headers.append(header)
-        for record in load_records(run_dir):
+        for record in run_records:
             key = _record_key(record)
             if key in owner:
                 raise InvalidArgument(f"case {key[1]!r} of {key[0]!r} is in both {str(owner[key])!r} and "
@@ -106,16 +116,16 @@ def merge_runs(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike
             records.append(record)
     if len(counts) > 1:
         raise InvalidArgument(f"shards of different counts cannot be merged: {sorted(seen_shards)}")
-    if counts:
-        (count,) = counts
-        missing = [f"{k}/{count}" for k in range(1, count + 1) if f"{k}/{count}" not in seen_shards]
-        if missing and not allow_missing:
-            raise InvalidArgument(f"shards {missing} are missing (given: {sorted(seen_shards)}); pass "
-                                  f"allow_missing (--allow-missing) to merge a partial run")
-    header = {k: v for k, v in headers[0].items() if k != "shard"}
+    missing = _missing_parts(dirs, headers, seen_shards, next(iter(counts), None))
+    if missing and not allow_missing:
+        raise InvalidArgument(f"the merged run would be partial: {'; '.join(missing)}; rerun what is missing, or "
+                              "pass allow_missing (--allow-missing) to merge a partial run (marked partial)")
+    header = {k: v for k, v in headers[0].items() if k not in ("shard", "partial", "status")}
     header["merged_from"] = [str(d) for d in dirs]
     if counts:
         header["shards"] = f"{len(seen_shards)} of {next(iter(counts))}"
+    if missing:
+        header.update(partial=True, status=f"PARTIAL: merged without all of the run: {'; '.join(missing)}")
     out = Path(out_dir)
     with RunStore(out, header=header) as store:
         for record in sorted(records, key=_record_key):
@@ -123,9 +133,74 @@ def merge_runs(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike
     return load_records(out)
 
 
+def _missing_parts(dirs: list[Path], headers: list[dict[str, Any]], seen_shards: dict[str, Path],
+                   count: int | None) -> list[str]:
+    """What a merge of these runs would lack: shards not given, and shards that are partial (interrupted:
+    their header's ``partial``, `harness.store.mark_partial`), whose cases after the interruption never ran."""
+    parts = []
+    if count is not None:
+        absent = [f"{k}/{count}" for k in range(1, count + 1) if f"{k}/{count}" not in seen_shards]
+        if absent:
+            parts.append(f"shards {absent} are missing (given: {sorted(seen_shards)})")
+    for run_dir, header in zip(dirs, headers):
+        if header.get("partial"):
+            parts.append(f"run {str(run_dir)!r} is partial ({header.get('status') or 'partial'})")
+    return parts
+
+
+def run_identity(header: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What must be the same in every shard of one run, by the name a refusal gives it: the header fields of
+    `MUST_AGREE`, the options of the run's command (`command_options`: ``--kernel``, ``--max-examples``,
+    ``--max-length``, ``--dtypes``, ``--policy``, ...), and the verdict threshold its records were judged
+    with (``cond_threshold``; the project's table may set the policy without a flag). A shard with no record
+    that carries a threshold (an empty shard) has none to compare."""
+    identity: dict[str, Any] = {repr(field): header.get(field) for field in MUST_AGREE}
+    identity.update(command_options(header.get("command")))
+    thresholds = sorted({r["cond_threshold"] for r in records if isinstance(r.get("cond_threshold"), (int, float))})
+    if thresholds:
+        identity["the records' cond_threshold (the verdict policy)"] = thresholds
+    return identity
+
+
+def command_options(command: Any) -> dict[str, Any]:
+    """The options of a recorded ``harness check`` / ``harness sweep`` command line, read by the command's own
+    parser (`harness.cli.build_parser`: order, ``--opt=value``, a repeated option and defaults as the run
+    read them), less `PER_JOB_OPTIONS`, by option name (``--max-examples``). The header records the command
+    as ``" ".join(sys.argv)``, so a value with a space in it is compared by its first word. Another command
+    (a pytest session) gives ``{"command": None}``: not compared; a line the parser cannot read is compared
+    as written."""
+    import contextlib
+    import io
+
+    from harness.cli import build_parser
+
+    words = str(command or "").split()
+    start = next((i for i, w in enumerate(words) if w.startswith("-") or w in SHARDED_COMMANDS), len(words))
+    if start == len(words) or words[start] not in SHARDED_COMMANDS:
+        return {"command": None}
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            parsed, _ = build_parser().parse_known_args(words[start:])
+    except SystemExit:
+        return {"command": " ".join(words[start:])}
+    options = {k: v for k, v in vars(parsed).items() if k not in PER_JOB_OPTIONS}
+    return {(k if k == "command" else "--" + k.replace("_", "-")): v for k, v in sorted(options.items())}
+
+
+def _same_run(agreed: dict[str, tuple[Path, Any]], run_dir: Path, identity: dict[str, Any]) -> None:
+    """Raise `InvalidArgument` naming the first entry of ``run_dir``'s `run_identity` that differs from the
+    runs before it (``agreed``: each entry's first run and value), else add its new entries to ``agreed`` (an
+    entry only some runs have, the threshold of a shard with records, is compared among those)."""
+    for name, value in identity.items():
+        first_dir, agreed_value = agreed.setdefault(name, (run_dir, value))
+        if agreed_value != value:
+            raise InvalidArgument(f"runs {str(first_dir)!r} and {str(run_dir)!r} differ in {name} "
+                                  f"({agreed_value!r} vs {value!r}): they are not shards of one run")
+
+
 def shard_header(shard: Shard | None) -> dict[str, Any]:
     """The header fields that mark a run as one shard (empty for an unsharded run)."""
     return {} if shard is None else {"shard": shard.label}
 
 
-__all__ = ["MUST_AGREE", "Shard", "merge_runs", "shard_header"]
+__all__ = ["MUST_AGREE", "PER_JOB_OPTIONS", "Shard", "command_options", "merge_runs", "run_identity", "shard_header"]

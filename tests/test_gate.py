@@ -261,3 +261,99 @@ def test_diff_sections_come_in_order_of_what_to_act_on():
     titles = [line for line in diff_markdown(table).splitlines() if line.startswith("**")]
     assert titles == ["**Cells whose error grew past the threshold** (1)", "**Verdicts that got better** (1)",
                       "**New cells (only in this run)** (1)", "**Missing cells (only in the baseline)** (1)"]
+
+
+# ------------------------------------------------------------------ changes between failing verdicts
+@pytest.mark.parametrize("before, after", [("divergent", "kernel_error"), ("kernel_error", "divergent")])
+def test_a_change_between_the_failing_verdicts_is_worse_either_way(before, after):
+    """A blind hunt's verdicts-only gate passed a kernel that went from wrong numbers to raising on every L > 1
+    ("5 better verdicts"): by severity alone, divergent -> kernel_error reads as an improvement."""
+    cell = {"kernel": "blelloch", "dtype": "float32", "length": 16}
+    base = replace(baseline_records(), cell, verdict=before)
+    new = replace(baseline_records(), cell, verdict=after)
+    result = gate_records(base, new, "")
+    assert not result.passed and result.better == []
+    assert result.failures == [f"kernel=blelloch family=linear_scan dtype=float32 length=16-31 regime=trained: "
+                               f"verdict {before} -> {after} (baseline 1 cases, now 1)"]
+    assert "1 worse verdicts, 0 grew past the threshold (no metric terms), 0 better verdicts" in \
+        result.summary_markdown()
+    assert gate_records(base, replace(baseline_records(), cell, verdict="out_of_domain"), "").passed
+
+
+# ---------------------------------------------------------------------- a metric no record holds
+@pytest.mark.parametrize("value", [None, "garbage", "absent"])
+def test_a_baseline_without_the_metric_fails_the_term_naming_it(value):
+    """A baseline whose records lack cond_max (or hold text there) turned the cond term off without a word:
+    the worse run passed with "0 grew past the threshold"."""
+    base = [{k: v for k, v in r.items() if k != "cond_max"} if value == "absent" else dict(r, cond_max=value)
+            for r in baseline_records()]
+    new = replace(baseline_records(), {"length": 64}, cond_max=9.0)
+    result = gate_records(base, new, "cond:1.5x,rel:2x")
+    assert not result.passed
+    assert result.failures == [
+        "no baseline record of the 12 compared cells holds a number in 'cond_max' (missing or not a number in all "
+        "12 records that measured something): the term 'cond:1.5x' cannot be checked; the baseline may be damaged "
+        "or written by another harness version: remake it, or leave the term out of --fail-on"]
+    assert result.failures[0] in result.summary_markdown()
+    assert not gate_records(baseline_records(), base, "cond:1.5x").passed  # the run's side too
+    assert gate_records(base, baseline_records(), "rel:2x").passed  # a term on another metric is checked
+
+
+def test_a_few_missing_values_and_unmeasurable_ones_are_still_skipped():
+    """Some records without the metric, kernel errors (no metric at all) and NaN (a value that could not be
+    measured, e.g. baseline_ratio of float64) do not make a term uncheckable."""
+    base = replace(baseline_records(), {"length": 16}, cond_max=None)
+    assert gate_records(base, baseline_records(), "cond:1.5x").passed
+    crashed = [{"kernel": "broken", "family": "linear_scan", "dtype": "float32", "length": 64, "regime": "trained",
+                "verdict": "kernel_error", "case": "c1"}]
+    assert gate_records(crashed, crashed, "cond:1.5x").passed
+    nan = [dict(r, baseline_ratio=math.nan) for r in baseline_records()]
+    assert gate_records(nan, nan, "baseline:1.5x").passed
+
+
+# ------------------------------------------------------------------------------------ partial runs
+def _partial(run_dir: Path) -> Path:
+    from harness.store import mark_partial
+
+    mark_partial(run_dir, "terminated (SIGTERM)")
+    return run_dir
+
+
+def test_a_partial_run_fails_the_gate_and_a_partial_baseline_warns(tmp_path):
+    """An interrupted run cannot show that the kernel is no worse where it stopped; the gate never said that a
+    side was partial."""
+    base = write_run(tmp_path / "base", baseline_records())
+    new = _partial(write_run(tmp_path / "new", baseline_records()))
+    result = gate(base, new)
+    status = "PARTIAL: terminated (SIGTERM) after 12 records"
+    assert not result.passed and result.failures == result.run_failures
+    assert result.failures[0].startswith(f"the run is partial ({status}): a run stopped early cannot show")
+    assert result.failures[0] in result.summary_markdown()
+    swapped = gate(new, base)
+    assert swapped.passed and swapped.failures == []
+    assert swapped.warnings[0].startswith(f"the baseline is partial ({status})")
+    assert f"- warning: {swapped.warnings[0]}" in swapped.summary_markdown().splitlines()
+
+
+def test_diff_warns_of_a_partial_side(tmp_path, capsys):
+    from harness.cli import main
+
+    base = _partial(write_run(tmp_path / "base", baseline_records()))
+    new = write_run(tmp_path / "new", baseline_records())
+    assert main(["diff", str(base), str(new)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("- warning: the baseline is partial (PARTIAL: terminated (SIGTERM)")
+    assert out[2].startswith("12 cells compared")
+
+
+def test_update_baseline_refuses_a_partial_run_unless_allowed(tmp_path, capsys):
+    from harness.cli import EXIT_OK, EXIT_USAGE, main
+
+    run = _partial(write_run(tmp_path / "run", baseline_records()))
+    with pytest.raises(InvalidArgument, match=r"run_dir=.* is a partial run \(PARTIAL: terminated .*--allow-partial"):
+        update_baseline(run, tmp_path / "baseline")
+    assert not (tmp_path / "baseline").exists()
+    assert main(["update-baseline", str(run), "--baseline", str(tmp_path / "baseline")]) == EXIT_USAGE
+    assert "is a partial run" in capsys.readouterr().err
+    assert main(["update-baseline", str(run), "--baseline", str(tmp_path / "baseline"), "--allow-partial"]) == EXIT_OK
+    assert load_header(tmp_path / "baseline")["partial"] is True

@@ -206,3 +206,93 @@ def test_a_check_that_fails_in_two_dtypes_keeps_a_counterexample_for_each(tmp_pa
     summary = out.split("\nsearches:\n")[1].splitlines()  # one line per search, after the messages
     assert [line.split(": ")[0].rsplit(" ", 1)[1] for line in summary] == ["float64", "float32"]
     assert all("divergent, kernel_bug, shrunk to L=" in line for line in summary), summary
+
+
+# ------------------------------------------------------------------------------ what merge refuses
+PROGRAM = "/venv/bin/harness"
+SHARD_COMMAND = ("check --family linear_scan --kernel mykern/scan.py:scan_buggy --max-examples 15 --max-length 64 "
+                 "--dtypes float64,float32")
+
+
+def _shard_run(run_dir, shard: str, command: str = SHARD_COMMAND, *, program: str = PROGRAM,
+               cond_threshold: float = 1.0, **header):
+    """A run directory as ``harness check ... --shard K/N`` leaves it: a header and one record (no kernel run)."""
+    import json
+
+    record = {"kernel": "user.mykern/scan.py:scan_buggy", "case": f"case-{shard}", "family": "linear_scan",
+              "dtype": "float64", "length": 8, "verdict": "divergent", "cond_max": 3.0,
+              "cond_threshold": cond_threshold}
+    head = dict(environment("ci", command=f"{program} {command} --shard {shard} --report-dir {run_dir}"),
+                shard=shard, **header)
+    with RunStore(run_dir, header=head) as store:
+        store.append(record)
+    assert json.loads((run_dir / "run.json").read_text())["shard"] == shard
+    return run_dir
+
+
+@pytest.mark.parametrize("other, option", [
+    (SHARD_COMMAND.replace("scan_buggy", "scan"), "--kernel"),
+    (SHARD_COMMAND.replace("--max-examples 15", "--max-examples 5"), "--max-examples"),
+    (SHARD_COMMAND + " --max-length 32", "--max-length"),  # the last one counts, as in the run
+    (SHARD_COMMAND + " --policy cond=4", "--policy"),
+    (SHARD_COMMAND.replace("float64,float32", "float64,float16"), "--dtypes"),
+    (SHARD_COMMAND + " --no-grad", "--no-grad"),
+    (SHARD_COMMAND.replace("check", "check --profile nightly"), "--profile"),
+])
+def test_merge_refuses_shards_of_different_commands_naming_the_option(tmp_path, other, option):
+    """A blind hunt merged shard 1/2 of one check with shard 2/2 of another kernel, --max-examples, --max-length,
+    --policy or --dtypes into one plausible report ("shards": "2 of 2"): the headers agreed on the machine and
+    the profile, and only the recorded command told the runs apart."""
+    first = _shard_run(tmp_path / "s1", "1/2")
+    second = _shard_run(tmp_path / "s2", "2/2", other)
+    with pytest.raises(InvalidArgument) as info:
+        merge_runs([first, second], tmp_path / "merged")
+    message = str(info.value)
+    assert f"differ in {option} (" in message and "'" + str(first) + "'" in message and str(second) in message
+    assert "not shards of one run" in message and not (tmp_path / "merged").exists()
+
+
+def test_merge_takes_shards_that_differ_only_in_where_they_write(tmp_path):
+    """Another --report-dir / --cases-dir / --quiet, options in another order or spelled ``--opt=value``, and
+    another program path (``python -m harness``) are one run's jobs."""
+    first = _shard_run(tmp_path / "s1", "1/2")
+    reordered = ("check --dtypes=float64,float32 --max-length 64 --max-examples 15 --kernel mykern/scan.py:scan_buggy "
+                 f"--family linear_scan --cases-dir {tmp_path}/cases2 --no-summary")
+    second = _shard_run(tmp_path / "s2", "2/2", reordered, program="/usr/lib/python3/harness/__main__.py")
+    merged = merge_runs([first, second], tmp_path / "merged")
+    assert len(merged) == 2
+
+
+def test_merge_refuses_shards_judged_with_another_verdict_threshold(tmp_path):
+    """The policy may come from the project's table rather than --policy: the records' threshold tells, also
+    past an empty shard (which has no threshold to compare)."""
+    empty = _shard_run(tmp_path / "s1", "1/3")
+    (empty / "records.jsonl").write_text("")
+    second = _shard_run(tmp_path / "s2", "2/3")
+    third = _shard_run(tmp_path / "s3", "3/3", cond_threshold=4.0)
+    with pytest.raises(InvalidArgument, match=r"runs '.*s2' and '.*s3' differ in the records' cond_threshold "
+                                              r".*\[1\.0\] vs \[4\.0\]"):
+        merge_runs([empty, second, third], tmp_path / "merged")
+
+
+def test_merge_refuses_a_partial_shard_unless_allowed_and_then_marks_the_run_partial(tmp_path):
+    """A shard stopped by SIGTERM ("partial": true) merged into a run that read as complete ("2 of 2", no
+    status): the cases it never ran were simply absent."""
+    from harness.store import load_header, mark_partial
+
+    first = _shard_run(tmp_path / "s1", "1/2")
+    second = _shard_run(tmp_path / "s2", "2/2")
+    mark_partial(second, "terminated (SIGTERM)")
+    with pytest.raises(InvalidArgument) as info:
+        merge_runs([first, second], tmp_path / "refused")
+    assert f"run {str(second)!r} is partial (PARTIAL: terminated (SIGTERM) after 1 records)" in str(info.value)
+    assert "--allow-missing" in str(info.value)
+    merge_runs([first, second], tmp_path / "merged", allow_missing=True)
+    header = load_header(tmp_path / "merged")
+    assert header["partial"] is True and "terminated (SIGTERM)" in header["status"]
+    assert header["status"].startswith("PARTIAL: ")
+    merge_runs([first], tmp_path / "missing", allow_missing=True)  # a shard not given: partial too
+    assert load_header(tmp_path / "missing")["partial"] is True
+    assert "shards ['2/2'] are missing" in load_header(tmp_path / "missing")["status"]
+    merge_runs([first, _shard_run(tmp_path / "s2b", "2/2")], tmp_path / "whole")
+    assert "partial" not in load_header(tmp_path / "whole")
