@@ -450,9 +450,22 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     if result.failure is not None and save_counterexample:
         problem = problem_of.get(result.failure.get("case"))
         if problem is not None:
-            result.counterexample = _save_case(result.failure, problem, directory=counterexample_dir,
-                                               kernel_target=target)
+            _save_found_case(result, problem, counterexample_dir, target, _save_case)
     return result
+
+
+def _save_found_case(result: CheckResult, problem, directory: Path | None, target: str | None, save) -> None:
+    """Save ``result``'s counterexample (``save``: `harness.cases.save_counterexample`); a folder that cannot be
+    written (read-only, full) leaves the failure's message whole, with a line saying the case was not saved,
+    why, and the command that replays it without the file: the failure is the search's finding, the file a
+    copy of it (a read-only ``--cases-dir`` once lost the message, the searches lines and the report)."""
+    try:
+        result.counterexample = save(result.failure, problem, directory=directory, kernel_target=target)
+    except OSError as exc:
+        where = exc.filename or directory
+        result.message = (result.message or "") + (
+            f"\n\nThe counterexample could not be saved ({where}: {exc.strerror or exc}); replay it with:\n"
+            f"  {result.failure.get('replay')}")
 
 
 #: Causes of a divergence that the algorithm's rounding explains (the float64 rerun, a second dtype, TF32 or

@@ -16,6 +16,7 @@ and optional kernel pairs compared directly (differential mode). `harness sweep 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -28,7 +29,7 @@ from typing import Any, Iterator
 
 from harness.errors import InvalidArgument
 from harness.kernels.contract import KernelSpec
-from harness.problems import Problem
+from harness.problems import LATER_FIELDS, Problem
 
 
 
@@ -95,6 +96,12 @@ def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: 
     return path
 
 
+#: The problem fields a saved case always carries (`Problem.to_dict` leaves out only the later fields at their
+#: defaults and absent values): `load_case` requires them, so that an edited file that lost one is refused.
+SAVED_PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(Problem)
+                             if f.name not in LATER_FIELDS and f.name != "values")
+
+
 @dataclass
 class SavedCase:
     path: Path
@@ -144,6 +151,11 @@ def load_case(path: str | Path) -> SavedCase:
     if data.get("family") is not None and data["family"] != problem.family.value:  # two answers: say which
         raise InvalidArgument(f"case file {str(path)!r}: family={data['family']!r} but its problem's family is "
                               f"{problem.family.value!r}; expected the same family in both (an edited file?)")
+    missing = [key for key in SAVED_PROBLEM_FIELDS if key not in data["problem"]]
+    if missing:  # a default in its place replays another case: a float64 one as float32
+        raise InvalidArgument(f"case file {str(path)!r}: its problem has no {missing} (a saved case always carries "
+                              f"them; the defaults would replay another case, e.g. dtype float32); expected every "
+                              f"field of {list(SAVED_PROBLEM_FIELDS)}")
     return SavedCase(path, data["kernel"], data.get("kernel_target"), problem, data.get("expect", "equivalent"),
                      found if isinstance(found, dict) else {}, data.get("grad_of"))
 

@@ -3,8 +3,10 @@
 Exit status: 0 when every case is equivalent (or out of domain: the inputs' finding, not the kernel's),
 1 when any case diverges or a kernel breaks its contract (or the gate fails), 2 for a usage or adapter
 error (unknown family, target not found, not callable, unavailable kernel, a malformed file or
-argument), 130 when the run was interrupted (SIGINT or SIGTERM): the records taken so far are kept and
-the report is written, marked partial.
+argument, an output path that cannot be written), 130 when the run was interrupted (SIGINT or SIGTERM):
+the records taken so far are kept and the report is written, marked partial; 141 (128 + SIGPIPE, as a shell
+reports a command SIGPIPE ended) when the reader of stdout went away (``harness gate RUN | head``): the
+output is cut there, quietly, and the command's own status is unknown (it may have stopped mid-way).
 
 Defaults come from the caller's project (`harness.project`: the ``[tool.harness]`` table of the nearest
 pyproject.toml, else ``./.harness/``): where runs, counterexamples and the baseline go, the sweeps, the
@@ -28,7 +30,7 @@ from typing import Sequence
 from harness.errors import HarnessError, InvalidArgument
 from harness.records import FAILING_VERDICTS
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
 
 
 def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -211,19 +213,52 @@ def cmd_list(args) -> int:
     return EXIT_OK
 
 
+def _kernel_families(kernels: list[str], families: list[str]) -> list[str | None]:
+    """The family of each ``--kernel``: ``--family`` given once per ``--kernel`` (in the same order), once for
+    all of them, or not at all (None: each kernel's own declaration). `check` and `init` take both options
+    repeated; a ``check`` that kept the last ``--kernel`` alone ran one of two kernels without a word."""
+    if len(families) == len(kernels):
+        return list(families)
+    if len(families) <= 1:
+        return [families[0] if families else None] * len(kernels)
+    raise InvalidArgument(f"--family is given {len(families)} times for {len(kernels)} --kernel; give one --family "
+                          "per --kernel, in the same order (or one for all of them)")
+
+
 def _check_targets(args) -> list[tuple[str, str | None]]:
-    """(target, family) of each kernel to check: ``--kernel`` (with ``--family``), else the table's."""
+    """(target, family) of each kernel to check: every ``--kernel`` (with its ``--family``), else the table's
+    (``--family`` given once overrides theirs)."""
     from harness.project import kernel_target
 
     if args.kernel:
-        return [(args.kernel, args.family)]
+        return list(zip(args.kernel, _kernel_families(args.kernel, args.family)))
+    if len(args.family) > 1:
+        raise InvalidArgument(f"--family is given {len(args.family)} times without --kernel; give it once (for every "
+                              "kernel of the table) or once per --kernel")
     project = _project(args)
     if not project.kernels:
         where = project.pyproject or project.root / "pyproject.toml"
         raise InvalidArgument(f"--kernel is not given and {where} lists no [[tool.harness.kernels]]; pass --kernel "
                               "TARGET --family FAMILY, or add the kernels to the table (`harness init --kernel "
                               "TARGET --family FAMILY` writes it)")
-    return [(kernel_target(k, project), args.family or k.family) for k in project.kernels]
+    override = args.family[0] if args.family else None
+    return [(kernel_target(k, project), override or k.family) for k in project.kernels]
+
+
+def _checked_spec(args, target: str, family: str | None):
+    """The spec of one kernel `check` runs (`harness.api.user_kernel_spec`); the error of a kernel that came
+    from the ``[[tool.harness.kernels]]`` table names the pyproject.toml it came from: "a plain callable
+    needs --family" read as a missing option where there was no --family to give."""
+    from harness.api import user_kernel_spec
+
+    try:
+        return user_kernel_spec(target, family=family)
+    except InvalidArgument as exc:
+        if args.kernel or args.family:  # the command line's, not the table's
+            raise
+        project = _project(args)
+        raise InvalidArgument(f"{project.pyproject}: [[tool.harness.kernels]] target={target!r}: {exc} (fix the "
+                              "entry: its target, or its family = \"...\")") from None
 
 
 def _check_units(targets: list[tuple[str, str | None]], dtypes: tuple[str, ...] | None, device: str,
@@ -250,13 +285,13 @@ def _check_units(targets: list[tuple[str, str | None]], dtypes: tuple[str, ...] 
 
 
 def cmd_check(args) -> int:
-    from harness.api import check, user_kernel_spec
+    from harness.api import check
     from harness.shard import Shard, shard_header
     from harness.store import RunStore, environment
 
     targets = _check_targets(args)
     for target, family in targets:  # a bad target is a usage error before any directory is made
-        spec = user_kernel_spec(target, family=family)
+        spec = _checked_spec(args, target, family)
         if spec.source == "user" and spec.capabilities.notes:  # e.g. what its signature left out
             print(f"{spec.name}: {spec.capabilities.notes}")
     shard = Shard.parse(args.shard) if args.shard else None
@@ -499,11 +534,7 @@ def cmd_init(args) -> int:
     from harness.project import KernelEntry
     from harness.scaffold import init_project
 
-    if len(args.family) not in (0, len(args.kernel)):
-        raise InvalidArgument(f"--family is given {len(args.family)} times for {len(args.kernel)} --kernel; give one "
-                              "--family per --kernel, in the same order")
-    families = args.family or [None] * len(args.kernel)
-    kernels = [KernelEntry(t, f) for t, f in zip(args.kernel, families)]
+    kernels = [KernelEntry(t, f) for t, f in zip(args.kernel, _kernel_families(args.kernel, args.family))]
     from harness.project import find_root
 
     for path in init_project(find_root(), kernels, force=args.force, workflow=not args.no_workflow,
@@ -536,8 +567,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("check", help="drive one kernel (registered name or module:attr / file.py:attr)")
     from harness.kernels.names import Family
 
-    s.add_argument("--family", default=None, help=" | ".join(f.value for f in Family))
-    s.add_argument("--kernel", default=None, help="TARGET: package.module:attr, path/to/file.py:attr "
+    s.add_argument("--family", action="append", default=[], help=" | ".join(f.value for f in Family)
+                   + " (repeat it once per --kernel, or give it once for all)")
+    s.add_argument("--kernel", action="append", default=[], metavar="TARGET",
+                   help="package.module:attr, path/to/file.py:attr or a registered name; repeat for several "
                    "(default: every [[tool.harness.kernels]] of the project's pyproject.toml)")
     s.add_argument("--profile", choices=("dev", "ci", "nightly"), default=None,
                    help="default: the table's profile, else ci")
@@ -643,21 +676,59 @@ def _usage_errors_first(args) -> None:
     from harness.kernels.target import check_target_file
 
     family = getattr(args, "family", None)
-    for name in family if isinstance(family, list) else [family] if family else []:  # init takes one per kernel
+    for name in family if isinstance(family, list) else [family] if family else []:  # check, init: one per kernel
         Family.parse(name)
-    if args.command == "check" and args.kernel:  # (init writes a table naming files that may come later)
-        check_target_file(args.kernel)
+    if args.command == "check":  # (init writes a table naming files that may come later)
+        for target in args.kernel:
+            check_target_file(target)
     if args.command == "replay" and args.file and not Path(args.file).exists() and not args.problem:
         raise InvalidArgument(f"case file {args.file!r} does not exist; expected a saved case (a .json file)")
+
+
+#: The options that name where a command writes, by their argparse ``dest``.
+_OUTPUT_OPTIONS = {"report_dir": "--report-dir", "out": "--out", "baseline": "--baseline", "cases_dir": "--cases-dir"}
+
+
+def _os_error_message(args, exc: OSError) -> str:
+    """An `OSError` as a usage error's message: the option that named the path (when one did), the path, and
+    the system's reason. A traceback exits 1, the status of a divergent run, so a read-only ``--report-dir``
+    read as "found divergences" to a CI step that tolerates exit 1."""
+    path = exc.filename
+    reason = exc.strerror or str(exc)
+    if path is None:
+        return f"{reason} ({type(exc).__name__}); expected room to write the command's outputs"
+    given = os.path.abspath(path)
+    for dest, flag in _OUTPUT_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value and (given == os.path.abspath(value)
+                                                 or given.startswith(os.path.abspath(value).rstrip(os.sep) + os.sep)):
+            return (f"{flag}={value!r}: cannot write {str(path)!r} ({reason}); expected a directory that can be "
+                    "created and written")
+    return (f"{str(path)!r}: {reason} ({type(exc).__name__}); expected a path that can be read, created and written "
+            "(the project's default folders are set in [tool.harness], or by --report-dir, --out, --baseline, "
+            "--cases-dir)")
+
+
+def _joined_negative_values(argv: list[str]) -> list[str]:
+    """``argv`` with ``--shard -1/2`` written ``--shard=-1/2``: argparse reads a value that starts with ``-`` as an
+    option (and says "expected one argument"); joined, the value reaches its own check and its message."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--shard" and arg.startswith("-") and arg[1:2].isdigit():
+            out[-1] = f"--shard={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from harness.kernels.isolation import clear_stop, prestart
 
     previous: dict = {}
+    args = None
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_joined_negative_values(sys.argv[1:] if argv is None else list(argv)))
         _usage_errors_first(args)
         if args.command in _RUNS_KERNELS and not (getattr(args, "in_process", False) or getattr(args, "list", False)):
             prestart()  # first of all: the workers' server imports torch beside this process, not after it
@@ -681,9 +752,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # outside a run (a run writes its partial report itself)
         print(f"\nharness: {getattr(exc, 'reason', 'interrupted (SIGINT)')}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader went away: `entry` ends quietly
+        raise
+    except OSError as exc:  # an output that cannot be written (read-only, a file in the way, disk full)
+        print(f"harness: error: {_os_error_message(args, exc)}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _stdout_gone() -> int:
+    """Stdout's reader went away (``harness list | head -1``): point stdout at /dev/null, so that nothing
+    flushed after this raises again, and return `EXIT_BROKEN_PIPE`, the status a shell gives a command that
+    SIGPIPE ended (Python ignores SIGPIPE, so a print raises instead; the Python docs' recipe, without the
+    traceback the blind hunt saw)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def entry() -> None:
@@ -696,7 +783,11 @@ def entry() -> None:
     thread joined."""
     import multiprocessing.util
 
-    code = main()
+    try:
+        code = main()
+        sys.stdout.flush()  # here, so that a reader gone since the last print is seen now, not at exit
+    except BrokenPipeError:
+        code = _stdout_gone()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -148,6 +148,11 @@ class Problem:
                 raise InvalidArgument(f"{name}={value!r} must be a positive integer")
         if self.chunk_size is not None and (not _whole(self.chunk_size) or self.chunk_size < 1):
             raise InvalidArgument(f"chunk_size={self.chunk_size!r} must be a positive integer or None")
+        flags = [f.name for f in dataclasses.fields(self) if f.type == "bool"]
+        for name in flags:  # a case file's "yes" or 2 would pass as true (and "no" too)
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgument(f"{name}={getattr(self, name)!r} is a {type(getattr(self, name)).__name__}; "
+                                      "expected true or false")
         if self.values is not None:
             _check_values(self.values)
         regimes = self.definition.regimes
@@ -241,9 +246,10 @@ class Problem:
         """The unrounded float64 CPU values (explicit ``values`` or generated from ``seed``)."""
         shapes = self.shapes()
         if self.values is not None:
-            missing = sorted(set(shapes) - set(self.values))
-            if missing:
-                raise InvalidArgument(f"values is missing inputs {missing}; expected all of {sorted(shapes)}")
+            missing, extra = sorted(set(shapes) - set(self.values)), sorted(set(self.values) - set(shapes))
+            if missing or extra:
+                wrong = f"is missing inputs {missing}" if missing else f"has inputs {extra} the problem does not take"
+                raise InvalidArgument(f"values {wrong}; expected exactly {sorted(shapes)}")
             out = {}
             for name, shape in shapes.items():
                 flat = self.values[name]

@@ -33,6 +33,7 @@ The built-in sweeps (``default``, ``gpu``, ``mamba_seed``, ``retnet_seed``) ship
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tomllib
@@ -113,8 +114,13 @@ def _validated(table: dict[str, Any], where: Path) -> dict[str, Any]:
     if "profile" in table and table["profile"] not in _PROFILES:
         raise InvalidArgument(f"{where}: [tool.harness] profile={table['profile']!r}; expected one of "
                               f"{list(_PROFILES)}")
-    if "timeout" in table and not table["timeout"] > 0:
-        raise InvalidArgument(f"{where}: [tool.harness] timeout={table['timeout']!r} must be > 0 seconds")
+    if "timeout" in table:
+        from harness.kernels.isolation import validate_timeout
+
+        try:
+            validate_timeout(table["timeout"])
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{where}: [tool.harness] {exc}") from None
     if not all(isinstance(s, str) for s in table.get("sweeps", [])):
         raise InvalidArgument(f"{where}: [tool.harness] sweeps={table['sweeps']!r} must be a list of folders")
     for i, entry in enumerate(table.get("kernels", [])):
@@ -151,11 +157,22 @@ def current() -> Project:
 
 
 def run_dir(name: str, project: Project | None = None) -> Path:
-    """A fresh, stamped run directory ``<runs>/<name>-<YYYYmmdd-HHMMSS>`` of ``project`` (default: current)."""
+    """A fresh, stamped run directory ``<runs>/<name>-<YYYYmmdd-HHMMSS>`` of ``project`` (default: current),
+    made here and empty. Two runs started in the same second (``make -j``, two CI jobs on one runner) each
+    get their own: the directory is made atomically (``os.mkdir``), and one already made takes a suffix
+    (``-2``, ``-3``, ...); a name that was free when looked at could otherwise be taken by both."""
     import datetime as _dt
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return (project or current()).runs_dir / f"{name}-{stamp}"
+    runs = (project or current()).runs_dir
+    runs.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = runs / (f"{name}-{stamp}" if n == 1 else f"{name}-{stamp}-{n}")
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        return path
 
 
 def kernel_target(entry: KernelEntry, project: Project, cwd: str | os.PathLike | None = None) -> str:

@@ -103,6 +103,42 @@ def environment(profile: str | None = None, command: str | None = None) -> dict[
     }
 
 
+def _drop_cut_line(path: Path) -> None:
+    """Cut a records file back to its last complete line before appending to it (``--append`` after a run that
+    was killed mid-write): the next record would otherwise be glued to the cut line, and the two read as one
+    damaged line in the middle of the file (`load_records` refuses that; the cut record was lost anyway)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) == b"\n":
+            return
+        fh.seek(0)
+        fh.truncate(fh.read().rfind(b"\n") + 1)
+
+
+def _lock_run_dir(run_dir: Path) -> int | None:
+    """An exclusive lock on ``run_dir`` for as long as the returned descriptor is open, or `InvalidArgument`
+    when another live run holds it: two runs started into one directory (the same ``--report-dir``) would
+    mix their records and leave the header of one. The lock is the kernel's (``flock``), so a run that is
+    killed lets it go; where ``flock`` is missing, nothing is locked (None)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return None
+    from harness.errors import InvalidArgument
+
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InvalidArgument(f"run_dir={str(run_dir)!r} is being written by another run that is still going; "
+                              "expected a directory no live run writes into (choose another --report-dir, or "
+                              "wait for that run to end)") from None
+    return fd
+
+
 class RunStore:
     """Appends records of one run to ``<run_dir>/records[-worker].jsonl``, flushing each line."""
 
@@ -111,8 +147,11 @@ class RunStore:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         name = f"records-{worker}.jsonl" if worker else "records.jsonl"
         self.path = self.run_dir / name
-        if header is not None and worker is None:
+        self._lock = None
+        if header is not None and worker is None:  # a run's own writer: one at a time per directory
+            self._lock = _lock_run_dir(self.run_dir)
             (self.run_dir / HEADER_FILE).write_text(json.dumps(_encode(header), indent=2, sort_keys=True) + "\n")
+        _drop_cut_line(self.path)
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def append(self, record: dict[str, Any]) -> None:
@@ -121,6 +160,9 @@ class RunStore:
 
     def close(self) -> None:
         self._fh.close()
+        if self._lock is not None:
+            os.close(self._lock)  # lets the directory's lock go
+            self._lock = None
 
     def __enter__(self) -> "RunStore":
         return self
@@ -149,15 +191,66 @@ def has_records(run_dir: str | os.PathLike) -> bool:
 
 
 def load_header(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The run's header (``run.json``), ``{}`` when it has none; a header that is not a JSON object (a file
+    cut short, or edited) is `InvalidArgument` naming it: a gate or a merge must not read a damaged run."""
+    from harness.errors import InvalidArgument
+
     path = Path(run_dir) / HEADER_FILE
-    return _decode(json.loads(path.read_text())) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        header = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidArgument(f"run header {str(path)!r} is not readable JSON ({exc}); expected the JSON object "
+                              "a run writes (a damaged or hand-edited run.json?)") from None
+    if not isinstance(header, dict):
+        raise InvalidArgument(f"run header {str(path)!r} holds a JSON {type(header).__name__}; expected the JSON "
+                              "object a run writes")
+    return _decode(header)
+
+
+#: Fields every record carries, each a string: what a report, a gate and a merge key their cells on.
+REQUIRED_FIELDS = ("kernel", "verdict", "dtype")
+
+#: Record files whose cut last line was already reported (`load_records` is read several times a command).
+_CUT_REPORTED: set[str] = set()
+
+
+def _record_of(path: Path, number: int, line: str) -> dict[str, Any]:
+    """Line ``number`` of records file ``path`` as a record, or `InvalidArgument` naming the file, the line and
+    what is wrong with it (not JSON, not an object, a required field missing or not a string)."""
+    from harness.errors import InvalidArgument
+
+    where = f"records file {str(path)!r} line {number}"
+    try:
+        value = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidArgument(f"{where} is not JSON ({exc}: {line[:60]!r}); expected one JSON object per line "
+                              "(a damaged or hand-edited records file?)") from None
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{where} is a JSON {type(value).__name__} ({line[:60]!r}); expected one JSON "
+                              "object per line")
+    bad = [key for key in REQUIRED_FIELDS if not isinstance(value.get(key), str)]
+    if bad:
+        shown = ", ".join(f"{key}={value.get(key)!r}" for key in bad)
+        raise InvalidArgument(f"{where}: {shown}; expected every record to carry {list(REQUIRED_FIELDS)} as "
+                              "strings (a damaged or hand-edited record?)")
+    return _decode(value)
+
+
+def _is_cut_last_line(text: str, lines: list[str], number: int) -> bool:
+    """Whether line ``number`` is the file's last and was cut short: a run killed while writing it leaves it
+    without its newline (`RunStore.append` writes a record and its newline in one write)."""
+    return number == len(lines) and not text.endswith("\n")
 
 
 def load_records(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """Every record of a run (all workers' files merged), in a stable order (kernel, case).
 
-    A line cut short by a crash is skipped; every complete line before it is kept. A line that is JSON
-    but not an object, or a file that is not UTF-8, is not a record file: `InvalidArgument` names it.
+    A last line cut short (a run killed while writing it: no newline after it) is skipped with a note on
+    stderr; every complete line before it is kept. Any other line that is not a JSON object carrying
+    `REQUIRED_FIELDS`, or a file that is not UTF-8, is not a record file: `InvalidArgument` names the file
+    and the line, as the README promises for a malformed records file.
     """
     from harness.errors import InvalidArgument
 
@@ -168,19 +261,27 @@ def load_records(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
         except UnicodeDecodeError as exc:
             raise InvalidArgument(f"records file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
                                   "expected JSON lines") from None
-        for number, line in enumerate(text.splitlines(), 1):
+        lines = text.splitlines()
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(value, dict):
-                raise InvalidArgument(f"records file {str(path)!r} line {number} is a JSON {type(value).__name__} "
-                                      f"({line[:60]!r}); expected one JSON object per line")
-            records.append(_decode(value))
+                records.append(_record_of(path, number, line))
+            except InvalidArgument:
+                if not _is_cut_last_line(text, lines, number):
+                    raise
+                _report_cut_line(path, number)
     records.sort(key=lambda r: (str(r.get("kernel")), str(r.get("case")), str(r.get("eps"))))
     return records
+
+
+def _report_cut_line(path: Path, number: int) -> None:
+    """Say once per file on stderr that its last line, cut short, was left out (a report or gate that counts
+    one case fewer says why)."""
+    if str(path) not in _CUT_REPORTED:
+        _CUT_REPORTED.add(str(path))
+        print(f"harness: note: records file {str(path)!r} line {number} is cut short (a run killed while writing "
+              "it?); it is left out, every complete line before it is kept", file=sys.stderr)
 
 
 def write_records(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:

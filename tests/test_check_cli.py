@@ -343,3 +343,17 @@ def test_replay_notes_a_chunk_size_the_kernel_is_not_told(capsys):
     assert "takes a chunk size and the problem gives none" in err, err
     main(["replay", "--kernel", "intree.simple_gla_chunk", "--problem", json.dumps(dict(gated, chunk_size=4))])
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path):
+    """``harness list | head -1`` ended in a BrokenPipeError traceback (blind hunt 23b, P8): the output stops
+    there without a word, with status 141 (128 + SIGPIPE, as a shell reports a command SIGPIPE ended)."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: every write fails
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        done = subprocess.run([sys.executable, "-m", "harness", "list", "--family", "linear_scan"], cwd=tmp_path,
+                              env=env, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr

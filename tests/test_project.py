@@ -56,7 +56,7 @@ family = "linear_scan"
     ('runz = "x"', "unknown key 'runz'"),
     ("runs = 3", "runs=3 must be str"),
     ('profile = "weekly"', "profile='weekly'"),
-    ("timeout = 0", "timeout=0 must be > 0"),
+    ("timeout = 0", "timeout=0 must be a finite number of seconds > 0"),
     ("timeout = true", "timeout=True must be"),
     ("sweeps = [1]", "sweeps=[1] must be a list of folders"),
     ('kernels = ["a"]', "entry 0 is 'a'"),
@@ -95,6 +95,30 @@ def test_default_paths_follow_the_project_not_the_package(tmp_path, monkeypatch)
     assert cases.counterexample_path("k", "linear_scan").parent == root / ".harness" / "counterexamples"
 
 
+def test_two_runs_started_in_one_second_get_a_run_directory_each(tmp_path, monkeypatch):
+    """Stamped to the second, two checks started together shared one directory and mixed their records
+    (blind hunt 23b, P10): each default run directory is made here, atomically, the second with a suffix."""
+    from harness.project import run_dir
+
+    (tmp_path / "pyproject.toml").write_text('[tool.harness]\nruns = "out/runs"\n')
+    monkeypatch.chdir(tmp_path)
+    first, second = run_dir("check"), run_dir("check")
+    if first.name[:21] == second.name[:21]:  # the same second (almost always): the second takes a suffix
+        assert second.name == first.name + "-2"
+    assert first != second and first.is_dir() and second.is_dir() and not any(first.iterdir())
+
+
+def test_a_run_directory_another_live_run_writes_into_is_refused(tmp_path):
+    """Two runs given one --report-dir were both accepted and their records mixed (blind hunt 23b, P10)."""
+    from harness.store import RunStore
+
+    with RunStore(tmp_path / "run", header={"profile": "ci"}):
+        with pytest.raises(InvalidArgument, match="is being written by another run that is still going"):
+            RunStore(tmp_path / "run", header={"profile": "ci"})
+    with RunStore(tmp_path / "run", header={"profile": "ci"}):  # the first ended: its lock is gone
+        pass
+
+
 def test_sweeps_ship_in_the_package_and_a_project_sweep_comes_first(tmp_path, monkeypatch):
     from harness.cases import load_sweep, sweep_files
 
@@ -129,6 +153,24 @@ def test_check_without_kernel_needs_the_table(tmp_path, monkeypatch, capsys):
     assert main(["check"]) == 2
     assert "lists no [[tool.harness.kernels]]" in capsys.readouterr().err
     assert not (tmp_path / ".harness").exists()
+
+
+@pytest.mark.parametrize("entry, says", [
+    ('target = "k.py:scan"\n', "target='k.py:scan': family=None: a plain callable"),
+    ('target = "k.py:scan"\nfamily = "nope"\n', "target='k.py:scan': family='nope' is not a kernel family"),
+    ('target = "k.py:scan"\nfamily = "linear_scan"\n[tool.harness]\ntimeout = inf\n',
+     "[tool.harness] timeout=inf must be a finite number"),
+], ids=["no-family", "bad-family", "timeout-inf"])
+def test_an_error_of_the_table_names_the_pyproject(tmp_path, monkeypatch, capsys, entry, says):
+    """"family=None: a plain callable needs --family" where no --family was given (blind hunt 23b, P18)."""
+    from harness.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.py").write_text("def scan(a, b):\n    return b\n")
+    (tmp_path / "pyproject.toml").write_text("[[tool.harness.kernels]]\n" + entry)
+    assert main(["check", "--max-examples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path.resolve() / 'pyproject.toml'}: " in err and says in err, err
 
 
 def test_table_targets_are_relative_to_the_root(tmp_path):

@@ -49,8 +49,8 @@ def test_an_unversioned_record_is_read_and_split_into_its_parts():
 
 def test_the_store_stamps_the_schema_version(tmp_path):
     with RunStore(tmp_path, header={"device": "cpu (x86_64)"}) as store:
-        store.append({"kernel": "k", "verdict": "equivalent"})
-        store.append({"kernel": "old", "verdict": "equivalent", "schema_version": 1})
+        store.append({"kernel": "k", "verdict": "equivalent", "dtype": "float32"})
+        store.append({"kernel": "old", "verdict": "equivalent", "dtype": "float32", "schema_version": 1})
     versions = {r["kernel"]: r["schema_version"] for r in load_records(tmp_path)}
     assert versions == {"k": SCHEMA_VERSION, "old": 1}
 

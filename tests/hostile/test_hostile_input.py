@@ -65,8 +65,9 @@ def test_a_kernel_file_that_fails_to_import_is_a_usage_error(tmp_path, capsys, s
     (["--dtypes", "float33"], "float33"),
     (["--timeout", "0"], "timeout='0' must be a finite number of seconds > 0"),
     (["--timeout", "soon"], "timeout='soon' is not a number"),
+    (["--shard", "-1/2"], "--shard='-1/2': expected K/N"),  # was argparse's "expected one argument"
 ], ids=["max-examples-negative", "max-examples-0", "max-length-0", "dtypes-empty", "dtypes-trailing-comma",
-        "dtypes-unknown", "timeout-0", "timeout-text"])
+        "dtypes-unknown", "timeout-0", "timeout-text", "shard-negative"])
 def test_a_limit_that_would_silently_mean_the_default_is_a_usage_error(tmp_path, capsys, argv, says):
     args = check_args(tmp_path)
     for flag, value in zip(argv[::2], argv[1::2]):  # replace the default value of the flag under test
@@ -201,6 +202,14 @@ def _record(tmp_path: Path) -> dict:
     return run_case(get("intree.blelloch_scan"), Problem(family="linear_scan", length=5, seed=3))
 
 
+def _edited_case(edit) -> bytes:
+    """A saved case's JSON (`save_counterexample`'s fields) with ``edit`` applied to its problem, as a hand edit."""
+    problem = Problem(family="linear_scan", length=2, dtype="float64", seed=1).to_dict()
+    edit(problem)
+    return json.dumps({"kernel": "intree.blelloch_scan", "kernel_target": None, "family": "linear_scan",
+                       "expect": "equivalent", "problem": problem}).encode()
+
+
 @pytest.mark.parametrize("content, says", [
     (b'{"kernel": "intree.blelloch_scan", "problem": {"family": "linear_scan", "length": 5}}\xff\xfe', "not UTF-8"),
     (json.dumps({"kernel": "intree.blelloch_scan", "problem": {"family": "selective_scan", "length": 5,
@@ -228,13 +237,27 @@ def _record(tmp_path: Path) -> dict:
     (json.dumps({"kernel": "intree.blelloch_scan", "family": "ssd",
                  "problem": {"family": "linear_scan", "length": 5}}).encode(),
      "family='ssd' but its problem's family is 'linear_scan'"),
+    (_edited_case(lambda p: p.pop("dtype")), "its problem has no ['dtype']"),  # was replayed as float32
+    (_edited_case(lambda p: p.update(tf32="yes")), "tf32='yes' is a str; expected true or false"),
+    (_edited_case(lambda p: p.update(delta_softplus="no")), "delta_softplus='no' is a str; expected true or false"),
+    (_edited_case(lambda p: p.update(tf32=2)), "tf32=2 is a int; expected true or false"),
 ], ids=["not-utf8", "groups-x", "problem-string", "list", "not-json", "kernel-not-string", "length-1e9",
-        "batch-1e8", "seed-2-80", "length-true", "values-string", "cu_seqlens-string", "family-disagrees"])
+        "batch-1e8", "seed-2-80", "length-true", "values-string", "cu_seqlens-string", "family-disagrees",
+        "no-dtype", "tf32-string", "softplus-string", "tf32-number"])
 def test_a_malformed_case_file_is_a_usage_error(tmp_path, capsys, content, says):
     path = tmp_path / "case.json"
     path.write_bytes(content)
     code, _, err = run_cli(capsys, "replay", str(path))
     assert code == 2 and says in err and str(path) in err, err
+
+
+def test_a_case_file_whose_values_name_an_input_the_problem_does_not_take_is_a_usage_error(tmp_path, capsys):
+    """An extra input in ``values`` was ignored: the case replayed "equivalent" (blind hunt 23b, P11)."""
+    path = tmp_path / "case.json"
+    path.write_bytes(_edited_case(lambda p: p.update(batch=1, dim=1, values={"a": [0.5, 0.5], "b": [1.0, 1.0],
+                                                                              "c": [2.0, 2.0]})))
+    code, _, err = run_cli(capsys, "replay", str(path))
+    assert code == 2 and "values has inputs ['c'] the problem does not take; expected exactly ['a', 'b']" in err, err
 
 
 def test_a_malformed_problem_option_is_a_usage_error(capsys):
@@ -254,6 +277,106 @@ def test_a_records_line_that_is_json_but_not_an_object_is_named(tmp_path, capsys
     assert code == 2 and "line 2" in err and "expected one JSON object per line" in err, err
     (run / "records.jsonl").write_text(dumps(_record(tmp_path)) + '\n{"kernel": "cut sho')  # a crash's cut line
     assert len(load_records(run)) == 1  # is still skipped, the complete line kept
+    assert "line 2 is cut short" in capsys.readouterr().err  # and said
+    from harness.store import RunStore
+
+    with RunStore(run) as store:  # --append after the killed run: the cut line goes, the next record is whole
+        store.append(_record(tmp_path))
+    assert len(load_records(run)) == 2
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda line: '{not json\n' + line, "line 1 is not JSON"),  # anywhere but a cut last line: was skipped
+    (lambda line: line + "{not json\n", "line 2 is not JSON"),  # a last line with its newline was written whole
+    (lambda line: json.dumps({k: v for k, v in json.loads(line).items() if k not in ("kernel", "verdict")}) + "\n",
+     "line 1: kernel=None, verdict=None; expected every record to carry ['kernel', 'verdict', 'dtype']"),
+    (lambda line: json.dumps(dict(json.loads(line), dtype=5)) + "\n", "line 1: dtype=5; expected"),
+], ids=["garbage-first", "garbage-last-whole", "missing-kernel-verdict", "dtype-number"])
+def test_a_damaged_records_file_is_a_usage_error_naming_the_line(tmp_path, capsys, damage, says):
+    """Such lines were skipped or read as records without a word: the report and the gate passed, a divergent
+    baseline cell turned "missing" (blind hunt 23b, P4)."""
+    from harness.store import dumps
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text(damage(dumps(_record(tmp_path)) + "\n"))
+    code, _, err = run_cli(capsys, "report", str(run), "--out", str(tmp_path / "out"))
+    assert code == 2 and says in err and str(run / "records.jsonl") in err, err
+
+
+@pytest.mark.parametrize("header, says", [('{"device": ', "is not readable JSON"), ("[1, 2]", "holds a JSON list")],
+                         ids=["cut", "list"])
+def test_a_damaged_run_header_is_a_usage_error(tmp_path, capsys, header, says):
+    """A JSONDecodeError or AttributeError traceback in report, merge and gate, exit 1 (blind hunt 23b, P7)."""
+    from harness.store import dumps
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text(dumps(_record(tmp_path)) + "\n")
+    (run / "run.json").write_text(header)
+    for argv in (["report", str(run), "--out", str(tmp_path / "out")], ["merge", str(run), "--out", str(tmp_path / "m")]):
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and f"run header {str(run / 'run.json')!r} {says}" in err, (argv, err)
+
+
+def test_an_output_that_cannot_be_written_is_a_usage_error_naming_it(tmp_path, capsys, monkeypatch):
+    """A read-only or blocked output path was a traceback, exit 1: "divergent" to a CI step (blind hunt 23b, P6).
+    Root writes through chmod, so a file in the way and a store that raises EROFS stand in for a read-only mount."""
+    import errno
+
+    from harness import store as store_module
+    from harness.store import RunStore, dumps
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text(dumps(_record(tmp_path)) + "\n")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    code, _, err = run_cli(capsys, "report", str(run), "--out", str(afile))
+    assert code == 2 and f"--out={str(afile)!r}: cannot write" in err, err
+    code, _, err = run_cli(capsys, "update-baseline", str(run), "--baseline", str(afile / "sub"))
+    assert code == 2 and f"--baseline={str(afile / 'sub')!r}: cannot write" in err, err
+
+    def read_only(self, run_dir, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(Path(run_dir) / "run.json"))
+    monkeypatch.setattr(RunStore, "__init__", read_only)
+    assert store_module.RunStore is RunStore
+    code, _, err = run_cli(capsys, *check_args(tmp_path / "ro"))
+    assert code == 2 and f"--report-dir={str(tmp_path / 'ro' / 'run')!r}: cannot write" in err, err
+    assert "Read-only file system" in err
+
+
+def test_a_counterexample_that_cannot_be_saved_leaves_the_failure_whole(tmp_path, capsys, monkeypatch):
+    """A read-only --cases-dir was a traceback that lost the failure's message, the searches lines and the
+    report (blind hunt 23b, P6): the failure is the finding, the file only a copy of it."""
+    import errno
+
+    import harness.cases
+
+    def read_only(record, problem, *, directory=None, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(directory))
+    monkeypatch.setattr(harness.cases, "save_counterexample", read_only)
+    buggy = tmp_path / "buggy.py"
+    buggy.write_text("def k(a, b):\n    return b.clone()  # forgets the decay: wrong from the second step\n")
+    code, out, err = run_cli(capsys, *check_args(tmp_path, kernel=f"{buggy}:k"))
+    assert code == 1, err
+    assert "The counterexample could not be saved" in out and "Read-only file system" in out, out
+    assert "harness replay --kernel" in out.split("could not be saved")[1]  # the way to replay it without the file
+    assert "searches:" in out and "divergent" in out.split("searches:")[1], out
+    assert (tmp_path / "run" / "index.md").is_file()
+
+
+def test_check_checks_every_kernel_given(tmp_path, capsys):
+    """`check --kernel A --family F --kernel B --family F` checked B alone, without a word (blind hunt 23b, P9)."""
+    buggy = tmp_path / "buggy.py"
+    buggy.write_text("def k(a, b):\n    return b.clone()\n")
+    argv = check_args(tmp_path) + ["--kernel", f"{buggy}:k", "--family", "linear_scan"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1, err
+    searches = out.split("searches:")[1]
+    assert f"{KERNELS}:correct float32: passed" in searches and f"{buggy}:k float32: divergent" in searches, out
+    code, _, err = run_cli(capsys, *argv, "--family", "linear_scan")
+    assert code == 2 and "--family is given 3 times for 2 --kernel" in err, err
 
 
 @pytest.mark.parametrize("text, says", [
@@ -407,7 +530,7 @@ def test_a_search_skips_draws_too_large_to_hold(monkeypatch):
 def test_a_cuda_case_on_a_machine_without_cuda_is_a_usage_error(tmp_path, capsys):
     path = tmp_path / "case.json"
     path.write_text(json.dumps({"kernel": "intree.blelloch_scan",
-                                "problem": {"family": "linear_scan", "length": 16, "device": "cuda"}}))
+                                "problem": Problem(family="linear_scan", length=16, device="cuda").to_dict()}))
     code, _, err = run_cli(capsys, "replay", str(path))
     assert code == 2 and "device='cuda' but this machine has no CUDA device" in err, err
 
