@@ -71,7 +71,12 @@ class AnswerTable:
         if not isinstance(columns, str) or not columns:
             raise InvalidArgument(f"{where}: columns={columns!r} must be one field name")
         value = data["value"]
-        if not isinstance(value, str) or not _fields(value):
+        try:
+            named = isinstance(value, str) and _fields(value)
+        except ValueError as exc:  # "{verdict": a traceback before (blind hunt, session 23)
+            raise InvalidArgument(f"{where}: value={value!r} is not a format string ({exc}); expected e.g. "
+                                  "'{verdict}' or '{ab_max_abs:.1e}'") from None
+        if not named:
             raise InvalidArgument(f"{where}: value={value!r} must be a format string naming a field, "
                                   "e.g. '{verdict}' or '{ab_max_abs:.1e}'")
         filt = data.get("where", {})

@@ -396,6 +396,11 @@ def _group(data: dict[str, Any], where: str) -> SweepGroup:
     empty = sorted(k for k, v in grid.items() if not v)
     if empty:
         raise InvalidArgument(f"sweep {where}: grid {empty} empty; expected at least one value each")
+    for key, values in grid.items():  # a value listed twice ran every case of it twice (blind hunt, session 23)
+        twice = sorted({repr(v) for i, v in enumerate(values) if v in values[:i]})
+        if twice:
+            raise InvalidArgument(f"sweep {where}: grid {key}={values!r} lists {', '.join(twice)} more than once; "
+                                  "expected each value once")
     group = SweepGroup(kernels=list(kernels), grid=grid, fixed=dict(fixed))
     from harness.kernels import registry
 

@@ -340,6 +340,7 @@ def test_answer_table_filters_orders_and_takes_the_worst():
     ({"question": "q", "rows": "kernel", "columns": ["eps"], "value": "{verdict}"}, "columns=\\['eps'\\]"),
     ({"question": "q", "rows": "kernel", "columns": "eps", "value": "no field"}, "value='no field'"),
     ({"question": "q", "rows": "kernel", "columns": "eps", "value": "{v}", "colour": 1}, "unknown keys"),
+    ({"question": "q", "rows": "kernel", "columns": "eps", "value": "{verdict"}, "is not a format string"),
 ])
 def test_bad_answer_declarations_name_the_key(data, match):
     with pytest.raises(InvalidArgument, match=match):

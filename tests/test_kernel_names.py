@@ -59,3 +59,23 @@ def test_a_kernel_checked_from_a_subfolder_has_the_root_s_name_and_its_case_repl
     assert case.kernel_target == "kern/bad.py:bad" and "--kernel kern/bad.py:bad" in result.message
     monkeypatch.chdir(project)
     assert target_file(case.kernel_target).resolve() == (project / "kern" / "bad.py").resolve()
+
+
+def test_a_file_of_a_package_imports_its_package_by_name(project, monkeypatch, tmp_path_factory):
+    """``kern/uses_pkg.py`` doing ``from kern_s23.scan import scan`` failed every case as a file target
+    (ModuleNotFoundError) and ran as a module target (blind hunt, session 23): its project's root is on the path."""
+    import sys
+
+    from harness.kernels.registry import resolve_target
+
+    package = project / "kern_s23"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "scan.py").write_text(KERNEL)
+    (package / "uses_pkg.py").write_text("from kern_s23.scan import scan\n\n\ndef wrapped(a, b):\n    return scan(a, b)\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    assert callable(resolve_target(f"{package}/uses_pkg.py:wrapped"))
+    sys.modules.pop("kern_s23", None)
+    sys.modules.pop("kern_s23.scan", None)
+

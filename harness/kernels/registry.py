@@ -154,7 +154,8 @@ def resolve_target(target: str) -> Callable:
 
     Raises `InvalidArgument` naming the target when it cannot be found or is not callable. A file's folder
     goes first on ``sys.path`` while and after it loads, as ``python path/to/file.py`` puts it, so the file
-    can import its siblings; a module is looked for in the working directory too (last), as ``python -m``
+    can import its siblings, and its project's root (`harness.project.find_root`) last, so it can import its
+    own package by name; a module is looked for in the working directory too (last), as ``python -m``
     and pytest do, so ``my_kernels:fn`` works from a kernel repository's root without an install.
     """
     if ":" not in target:
@@ -177,6 +178,11 @@ def resolve_target(target: str) -> Callable:
         folder = str(path.resolve().parent)
         if folder not in sys.path:
             sys.path.insert(0, folder)
+        from harness.project import find_root
+
+        root = str(find_root(path.resolve().parent))  # last: a file of a package imports it by name, as in its
+        if root not in sys.path:                       # tests (`from mykern.scan import scan`; blind hunt, session 23)
+            sys.path.append(root)
         try:
             with _process_state_kept():
                 spec.loader.exec_module(module)
