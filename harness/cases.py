@@ -386,6 +386,11 @@ def _group(data: dict[str, Any], where: str) -> SweepGroup:
     kernels, grid, fixed = data["kernels"], data["grid"], data.get("fixed", {})
     if not isinstance(kernels, list) or not kernels or not all(isinstance(k, str) for k in kernels):
         raise InvalidArgument(f"sweep {where}: kernels={kernels!r}; expected a non-empty list of kernel names")
+    targets = [k for k in kernels if ":" in k]
+    if targets:  # a project's sweep naming its own files read "is not registered; known kernels: ..." (75 names)
+        raise InvalidArgument(f"sweep {where}: kernels={targets!r} are targets; a sweep runs registered kernels "
+                              "(`harness list`); check a kernel of your own with `harness check --kernel TARGET` "
+                              "(or [[tool.harness.kernels]]), or register it under the `harness.kernels` entry point")
     for key, value in (("grid", grid), ("fixed", fixed)):
         if not isinstance(value, dict):
             raise InvalidArgument(f"sweep {where}: {key}={value!r}; expected a table of problem fields")
