@@ -521,7 +521,10 @@ def gate(baseline_dir: str | os.PathLike, new_dir: str | os.PathLike, fail_on: s
     if not base_records:
         raise InvalidArgument(f"baseline_dir={str(baseline_dir)!r} holds no records (records*.jsonl); create it "
                               "with `harness update-baseline RUN_DIR --baseline DIR`")
-    new_records = load_records(new_path) if new_path.is_dir() else []
+    if not new_path.is_dir():
+        raise InvalidArgument(f"new_dir={str(new_dir)!r} is not a directory; expected the run directory of a sweep or a "
+                              "check (--report-dir)")
+    new_records = load_records(new_path)
     if not new_records:
         raise InvalidArgument(f"new_dir={str(new_dir)!r} holds no records (records*.jsonl); run a sweep or a "
                               "check with --report-dir first")

@@ -357,3 +357,11 @@ def test_update_baseline_refuses_a_partial_run_unless_allowed(tmp_path, capsys):
     assert "is a partial run" in capsys.readouterr().err
     assert main(["update-baseline", str(run), "--baseline", str(tmp_path / "baseline"), "--allow-partial"]) == EXIT_OK
     assert load_header(tmp_path / "baseline")["partial"] is True
+
+
+def test_a_run_directory_that_is_not_there_is_named_so(tmp_path):
+    """``harness gate /nonexistent`` said the run "holds no records" (blind hunt, session 23)."""
+    with RunStore(tmp_path / "base", header={"profile": "ci"}) as store:
+        store.append({"kernel": "k", "family": "linear_scan", "dtype": "float32", "verdict": "equivalent"})
+    with pytest.raises(InvalidArgument, match="new_dir='.*nonexistent' is not a directory"):
+        gate(tmp_path / "base", tmp_path / "nonexistent")
