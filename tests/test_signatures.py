@@ -95,7 +95,8 @@ def test_check_says_what_the_signature_left_out(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert ("user." + str(kernel) + ":scan: its signature takes no D, z, delta_bias, delta_softplus") in proc.stdout
+    # named from the project's root (here the working directory), however typed (`canonical_target`)
+    assert "user.mine.py:scan: its signature takes no D, z, delta_bias, delta_softplus" in proc.stdout
 
 
 _GLA = registry.get("intree.gla_recurrent").callable()
