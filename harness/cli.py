@@ -290,8 +290,10 @@ def cmd_check(args) -> int:
     from harness.store import RunStore, environment
 
     targets = _check_targets(args)
+    checked = []  # the kernels by name, in the header: how a shard's --kernel was typed does not matter to merge
     for target, family in targets:  # a bad target is a usage error before any directory is made
         spec = _checked_spec(args, target, family)
+        checked.append(f"{spec.name} ({spec.family.value})")
         if spec.source == "user" and spec.capabilities.notes:  # e.g. what its signature left out
             print(f"{spec.name}: {spec.capabilities.notes}")
     shard = Shard.parse(args.shard) if args.shard else None
@@ -307,7 +309,7 @@ def cmd_check(args) -> int:
     results = []
     shrink = {} if args.shrink_deadline is None else {"shrink_deadline_s": args.shrink_deadline}
     try:
-        with RunStore(run_dir, header=dict(environment(profile), **shard_header(shard))) as store:
+        with RunStore(run_dir, header=dict(environment(profile), kernels=checked, **shard_header(shard))) as store:
             for target, family, dtypes in units:
                 results.append(check(target, family=family, profile=profile, dtypes=dtypes,
                                      device=args.device, max_length=args.max_length,

@@ -109,7 +109,9 @@ def merge_runs(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike
         headers.append(header)
         for record in run_records:
             key = _record_key(record)
-            if key in owner:
+            # a search may take one case twice (hypothesis replays a draw): one run's own repeat is no overlap
+            # (a complete pair of check shards was refused, a verification found, session 23)
+            if key in owner and owner[key] != run_dir:
                 raise InvalidArgument(f"case {key[1]!r} of {key[0]!r} is in both {str(owner[key])!r} and "
                                       f"{str(run_dir)!r}: the shards overlap")
             owner[key] = run_dir
@@ -155,7 +157,13 @@ def run_identity(header: dict[str, Any], records: list[dict[str, Any]]) -> dict[
     with (``cond_threshold``; the project's table may set the policy without a flag). A shard with no record
     that carries a threshold (an empty shard) has none to compare."""
     identity: dict[str, Any] = {repr(field): header.get(field) for field in MUST_AGREE}
-    identity.update(command_options(header.get("command")))
+    options = command_options(header.get("command"))
+    options.pop("--profile", None)  # the header's profile is the one the run used ("ci" typed or by default)
+    if header.get("kernels") is not None:  # the kernels as named (`canonical_target`), not as --kernel was typed:
+        options.pop("--kernel", None)      # ./k.py, k.py from its folder, an absolute path are one kernel
+        options.pop("--family", None)      # (a verification's shards of one kernel were refused, session 23)
+        identity["the kernels checked"] = header["kernels"]
+    identity.update(options)
     thresholds = sorted({r["cond_threshold"] for r in records if isinstance(r.get("cond_threshold"), (int, float))})
     if thresholds:
         identity["the records' cond_threshold (the verdict policy)"] = thresholds

@@ -237,7 +237,6 @@ def _shard_run(run_dir, shard: str, command: str = SHARD_COMMAND, *, program: st
     (SHARD_COMMAND + " --policy cond=4", "--policy"),
     (SHARD_COMMAND.replace("float64,float32", "float64,float16"), "--dtypes"),
     (SHARD_COMMAND + " --no-grad", "--no-grad"),
-    (SHARD_COMMAND.replace("check", "check --profile nightly"), "--profile"),
 ])
 def test_merge_refuses_shards_of_different_commands_naming_the_option(tmp_path, other, option):
     """A blind hunt merged shard 1/2 of one check with shard 2/2 of another kernel, --max-examples, --max-length,
@@ -296,3 +295,34 @@ def test_merge_refuses_a_partial_shard_unless_allowed_and_then_marks_the_run_par
     assert "shards ['2/2'] are missing" in load_header(tmp_path / "missing")["status"]
     merge_runs([first, _shard_run(tmp_path / "s2b", "2/2")], tmp_path / "whole")
     assert "partial" not in load_header(tmp_path / "whole")
+
+
+def test_merge_takes_one_run_s_shards_however_their_kernel_and_profile_were_typed(tmp_path):
+    """The header names the kernels checked (`canonical_target`) and the profile run: shards whose --kernel was
+    typed ``./mykern/scan.py`` or from ``mykern/``, or whose --profile ci was typed out or left to the default, are
+    one run's (refused before, session 23's verification); another kernel or profile is still refused."""
+    kernels = {"kernels": ["user.mykern/scan.py:scan_buggy (linear_scan)"]}
+    first = _shard_run(tmp_path / "s1", "1/2", **kernels)
+    typed = SHARD_COMMAND.replace("mykern/scan.py", "./mykern/scan.py").replace("check", "check --profile ci")
+    assert len(merge_runs([first, _shard_run(tmp_path / "s2", "2/2", typed, **kernels)], tmp_path / "m")) == 2
+    other = _shard_run(tmp_path / "s3", "2/2", kernels=["user.mykern/scan.py:scan (linear_scan)"])
+    with pytest.raises(InvalidArgument, match="differ in the kernels checked"):
+        merge_runs([first, other], tmp_path / "m2")
+    nightly = _shard_run(tmp_path / "s4", "2/2", SHARD_COMMAND.replace("check", "check --profile nightly"),
+                         profile="nightly", **kernels)
+    with pytest.raises(InvalidArgument, match="differ in 'profile'"):
+        merge_runs([first, nightly], tmp_path / "m3")
+
+
+def test_a_case_one_shard_took_twice_is_no_overlap(tmp_path):
+    """A search may take one case twice (hypothesis replays a draw): a complete pair of check shards, and a
+    single --shard 1/1 run, were refused as overlapping with themselves (session 23's verification)."""
+    first = _shard_run(tmp_path / "s1", "1/2")
+    records = first / "records.jsonl"
+    records.write_text(records.read_text() * 2)  # the same case, twice
+    second = _shard_run(tmp_path / "s2", "2/2")
+    assert len(merge_runs([first, second], tmp_path / "merged")) == 3
+    third = _shard_run(tmp_path / "s3", "2/2")
+    (third / "records.jsonl").write_text(records.read_text())  # shard 1's case in shard 2: an overlap
+    with pytest.raises(InvalidArgument, match="overlap"):
+        merge_runs([first, third], tmp_path / "m2")
