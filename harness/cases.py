@@ -146,6 +146,9 @@ def load_case(path: str | Path) -> SavedCase:
     for key in ("kernel", "kernel_target", "expect", "grad_of"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise InvalidArgument(f"case file {str(path)!r}: {key}={data[key]!r} is not a string")
+    verdicts = ("equivalent", "divergent", "out_of_domain", "kernel_error")
+    if data.get("expect") is not None and data["expect"] not in verdicts:  # "great": a replay failing on a typo
+        raise InvalidArgument(f"case file {str(path)!r}: expect={data['expect']!r}; expected one of {list(verdicts)}")
     found = data.get("found", {})
     problem = problem_from_json(data["problem"], str(path))
     if data.get("family") is not None and data["family"] != problem.family.value:  # two answers: say which

@@ -241,9 +241,11 @@ def _edited_case(edit) -> bytes:
     (_edited_case(lambda p: p.update(tf32="yes")), "tf32='yes' is a str; expected true or false"),
     (_edited_case(lambda p: p.update(delta_softplus="no")), "delta_softplus='no' is a str; expected true or false"),
     (_edited_case(lambda p: p.update(tf32=2)), "tf32=2 is a int; expected true or false"),
+    (_edited_case(lambda p: None).replace(b'"expect": "equivalent"', b'"expect": "great"'),
+     "expect='great'; expected one of ['equivalent', 'divergent', 'out_of_domain', 'kernel_error']"),
 ], ids=["not-utf8", "groups-x", "problem-string", "list", "not-json", "kernel-not-string", "length-1e9",
         "batch-1e8", "seed-2-80", "length-true", "values-string", "cu_seqlens-string", "family-disagrees",
-        "no-dtype", "tf32-string", "softplus-string", "tf32-number"])
+        "no-dtype", "tf32-string", "softplus-string", "tf32-number", "expect-not-a-verdict"])
 def test_a_malformed_case_file_is_a_usage_error(tmp_path, capsys, content, says):
     path = tmp_path / "case.json"
     path.write_bytes(content)
