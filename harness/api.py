@@ -308,7 +308,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     from hypothesis import given, settings, target as hyp_target
     from hypothesis.errors import Flaky
 
-    from harness.cases import counterexample_path, save_counterexample as _save_case
+    from harness.cases import counterexample_path
     from harness.gradients import gradient_case
     from harness.kernels import isolation as _isolation
     from harness.runner import RunOptions, run_case as _run_case
@@ -450,17 +450,20 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     if result.failure is not None and save_counterexample:
         problem = problem_of.get(result.failure.get("case"))
         if problem is not None:
-            _save_found_case(result, problem, counterexample_dir, target, _save_case)
+            _save_found_case(result, problem, counterexample_dir, target)
     return result
 
 
-def _save_found_case(result: CheckResult, problem, directory: Path | None, target: str | None, save) -> None:
-    """Save ``result``'s counterexample (``save``: `harness.cases.save_counterexample`); a folder that cannot be
+def _save_found_case(result: CheckResult, problem, directory: Path | None, target: str | None) -> None:
+    """Save ``result``'s counterexample (`harness.cases.save_counterexample`); a folder that cannot be
     written (read-only, full) leaves the failure's message whole, with a line saying the case was not saved,
     why, and the command that replays it without the file: the failure is the search's finding, the file a
     copy of it (a read-only ``--cases-dir`` once lost the message, the searches lines and the report)."""
+    from harness import cases
+
     try:
-        result.counterexample = save(result.failure, problem, directory=directory, kernel_target=target)
+        result.counterexample = cases.save_counterexample(result.failure, problem, directory=directory,
+                                                          kernel_target=target)
     except OSError as exc:
         where = exc.filename or directory
         result.message = (result.message or "") + (
@@ -586,20 +589,17 @@ def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpe
 
 def _naming_gradients(format_failure: Callable) -> Callable:
     def with_gradient_note(record, judgement, replay=None, context=()) -> str:
-        message = format_failure(record, judgement, replay=replay, context=context)
-        if isinstance(record, dict) and record.get("mode") == "grad":
-            # in place of the forward's headline ("Kernel output diverges ..."), which read as a contradiction
-            # under "the forward is equivalent" (blind hunt, session 23)
-            first, _, rest = message.partition("\n")
-            body = rest if first.startswith("Kernel output") else message
-            kernel = str(record["kernel"]).rsplit(":grad[", 1)[0]
-            verdict = record.get("verdict")
-            of = record.get("grad_of")
-            what = (f"The backward of {kernel} is {verdict}" if of in (None, "*") else
-                    f"The gradient of {kernel}'s output with respect to {of} is {verdict} against the float64 "
-                    "oracle's (autograd through the oracle)")
-            message = (f"{what}; the forward is equivalent, and the replay command takes that gradient again.\n"
-                       f"{body}")
-        return message
+        if not (isinstance(record, dict) and record.get("mode") == "grad"):
+            return format_failure(record, judgement, replay=replay, context=context)
+        # in place of the forward's headline ("Kernel output diverges ..."), which read as a contradiction under
+        # "the forward is equivalent" (blind hunt, session 23)
+        kernel = str(record["kernel"]).rsplit(":grad[", 1)[0]
+        verdict, of = record.get("verdict"), record.get("grad_of")
+        what = (f"The backward of {kernel} is {verdict}" if of in (None, "*") else
+                f"The gradient of {kernel}'s output with respect to {of} is {verdict} against the float64 "
+                "oracle's (autograd through the oracle)")
+        return format_failure(record, judgement, replay=replay, context=context,
+                              headline=f"{what}; the forward is equivalent, and the replay command takes that "
+                                       "gradient again.")
 
     return with_gradient_note

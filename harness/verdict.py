@@ -435,8 +435,11 @@ def format_failure(
     judgement: Judgement,
     replay: str | None = None,
     context: Sequence[str] = (),
+    headline: str | None = None,
 ) -> str:
     """The message `assert_equivalent` raises with: what mismatched, where, by how much, why, how to replay.
+
+    ``headline``: the first line in place of the verdict's (`harness.api` says a gradient's there).
 
     ``context``: lines about the case itself (``Call: ...``, ``Hint: ...``), put before the replay line.
     A record whose verdict its final state decides (``verdict_target``) is shown by the final state's
@@ -444,7 +447,7 @@ def format_failure(
     ACTUAL equal to DESIRED, and the final state's values were nowhere."""
     final = _final_state_view(record)
     rec = _record(final if final is not None else record)
-    lines = [_HEADLINES[judgement.verdict]]
+    lines = [headline or _HEADLINES[judgement.verdict]]
     if final is not None:
         lines = ["The kernel's final state diverges from the float64 oracle's (the numbers below are the final "
                  "state's, shape (sequence, head, k, v); its output is not what fails)."]
