@@ -362,7 +362,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                 name = record["grad_of"]
                 _half_precision(record, got[name], bound_of[name], precision, options)
     if (options.chunk_counterfactual and problem.definition.chunk_term and problem.chunk_size is None
-            and not spec.capabilities.takes_chunk):
+            and not spec.capabilities.takes_chunk and problem.length > 1):  # one step: no cumulative sum
         _chunk_rounding(problem, records, got, bound_of, base, x64, g, precision, options, spec.convention)
     if options.factor_counterfactual:
         for record in records:

@@ -295,9 +295,11 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         if leak is not None:
             record["future_leak"] = True
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {leak}", judgement.rule)
-    chunked = None  # the oracle's traces at a chunk, for a kernel that declares none (`_chunked_bound`)
+    # the oracle's traces at a chunk, for a kernel that declares none (`_chunked_bound`); one step has no
+    # cumulative sum to round (a half-only bug of a step loop, shrunk to L = 1, was told to declare a chunk size)
+    chunked = None
     if (cause == "kernel_bug" and options.chunk_counterfactual and problem.definition.chunk_term
-            and problem.chunk_size is None and not spec.capabilities.takes_chunk):
+            and problem.chunk_size is None and not spec.capabilities.takes_chunk and problem.length > 1):
         chunked = _ChunkedTraces(spec, problem, inputs)
     if (cause == "kernel_bug" and not record.get("future_leak") and options.tf32_counterfactual
             and precision == "float32" and not problem.tf32):

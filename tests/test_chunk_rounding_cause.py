@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from harness.api import user_kernel_spec
 from harness.kernels import registry
@@ -64,6 +65,26 @@ def test_a_real_mistake_in_an_undeclared_chunk_kernel_stays_a_kernel_bug():
     record = run_case(user_kernel_spec(fixed_block_stale_decay, family="simple_gla"), _problem("float64"))
     assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
     assert record["chunked_cond_max"] > 1e6
+
+
+def half_clamp_loop(q, k, v, g, initial_state=None, output_final_state=False):
+    """Wrong in half precision only: a step loop whose float16/bfloat16 path clamps the log decay at -5."""
+    if g.dtype in (torch.float16, torch.bfloat16):
+        g = g.clamp(min=-5.0)
+    return _LOOP(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state)
+
+
+def test_one_step_gets_no_chunk_advice():
+    """A blind hunt's half-only bug of a step loop shrank to L = 1 (one decay of the initial state) and was
+    told to declare a chunk size (session 23): one step has no cumulative sum to round."""
+    spec = user_kernel_spec(half_clamp_loop, family="simple_gla")
+    one = Problem(family="simple_gla", length=1, dtype="float16", batch=1, heads=1, dk=1, dv=1,
+                  regime="strong_decay", seed=0, has_initial_state=True)
+    record = run_case(spec, one)
+    assert record["verdict"] == "divergent" and record["cause"] == "precision_loss", record["why"]
+    assert "chunk" not in record["why"] and "chunked_cond_max" not in record, record["why"]
+    off = run_case(spec, one, RunOptions(precision_counterfactual=False))
+    assert off["cause"] == "kernel_bug" and "chunk" not in off["why"], off["why"]
 
 
 def test_a_declared_chunk_kernel_and_a_loop_are_not_judged_twice():
