@@ -20,6 +20,7 @@ step through a kernel with pdb (``breakpoint()`` in the kernel works there and o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -309,7 +310,9 @@ def cmd_check(args) -> int:
     results = []
     shrink = {} if args.shrink_deadline is None else {"shrink_deadline_s": args.shrink_deadline}
     try:
-        with RunStore(run_dir, header=dict(environment(profile), kernels=checked, **shard_header(shard))) as store:
+        header = dict(environment(profile), kernels=checked, policy=dataclasses.asdict(_policy(args)),
+                      **shard_header(shard))
+        with RunStore(run_dir, header=header) as store:
             for target, family, dtypes in units:
                 results.append(check(target, family=family, profile=profile, dtypes=dtypes,
                                      device=args.device, max_length=args.max_length,
@@ -395,7 +398,8 @@ def cmd_sweep(args) -> int:
     run_dir = _run_dir(args, sweep.name)
     options = RunOptions(policy=_policy(args))
     shard = Shard.parse(args.shard) if args.shard else None
-    header = dict(environment(f"sweep:{sweep.name}"), **shard_header(shard))
+    header = dict(environment(f"sweep:{sweep.name}"), policy=dataclasses.asdict(options.policy),
+                  **shard_header(shard))
     if sweep.answers:  # the sweep's question and its table, rendered by the report from the run alone
         header["answers"] = [table.to_dict() for table in sweep.answers]
     take = shard.take if shard is not None else iter

@@ -29,8 +29,9 @@ does not fail the gate:
 - ``baseline_ratio``: 1.0: both no worse than the plain sequential loop in the same dtype.
 
 Before any cell, the gate reads the two runs' headers (`comparability`, as pytest-benchmark compares
-``machine_info`` first): runs on different families of device (CPU against CUDA), or records of a
-schema newer than this harness reads (`harness.records.SCHEMA_VERSION`), are refused with the reason
+``machine_info`` first): runs on different families of device (CPU against CUDA), records of a
+schema newer than this harness reads (`harness.records.SCHEMA_VERSION`), or runs judged under different
+verdict policies (`judged_differently`: a looser threshold passes every cell), are refused with the reason
 (`IncomparableRuns`, exit status 2) unless ``allow_mismatch`` (``--allow-mismatch`` / ``--force``).
 Other differences (torch, harness version, GPU model) are listed as notes and compared anyway.
 
@@ -495,6 +496,9 @@ def comparability(base_header: Mapping[str, Any], new_header: Mapping[str, Any],
         refuse.append(f"the baseline ran on {base_family} ({base_header.get('device')}) and this run on "
                       f"{new_family} ({new_header.get('device')}): different device families round differently, "
                       "so a cell's change says nothing about the kernel; make a baseline on this device family")
+    judged = judged_differently(base_header, new_header, base_records, new_records)
+    if judged is not None:
+        refuse.append(judged)
     for key in NOTED_FIELDS:
         if base_header and new_header and base_header.get(key) != new_header.get(key):
             notes.append(f"{key} differs: baseline {base_header.get(key)!r}, run {new_header.get(key)!r}")
@@ -502,6 +506,34 @@ def comparability(base_header: Mapping[str, Any], new_header: Mapping[str, Any],
     if len(old) > 1:
         notes.append(f"record schemas {sorted(old)} (older records are read as they were written)")
     return refuse, notes
+
+
+def judged_differently(base_header: Mapping[str, Any], new_header: Mapping[str, Any],
+                       base_records: Sequence[Mapping[str, Any]] = (),
+                       new_records: Sequence[Mapping[str, Any]] = ()) -> str | None:
+    """Why the two runs' verdicts were judged by different rules, or None: the headers' verdict policies
+    (``policy``, written by ``check`` and ``sweep``), else the thresholds their records were judged with
+    (``cond_threshold``; a header without a policy: an older run, a pytest run). A run judged with a looser
+    policy than its baseline (``--policy cond=4``) passed the gate cell by cell, better verdicts and all
+    (a verification pass, session 23): the cells say nothing about the kernel then."""
+    base, new = base_header.get("policy"), new_header.get("policy")
+    if isinstance(base, Mapping) and isinstance(new, Mapping):
+        if dict(base) == dict(new):
+            return None
+        changed = ", ".join(f"{key} {base.get(key)!r} -> {new.get(key)!r}"
+                            for key in sorted(set(base) | set(new)) if base.get(key) != new.get(key))
+        return (f"the run was judged under another verdict policy than the baseline ({changed}): its verdicts "
+                "are not the baseline's kind; run it with the baseline's policy, or make it the new baseline")
+
+    def thresholds(records: Sequence[Mapping[str, Any]]) -> list[float]:
+        return sorted({r["cond_threshold"] for r in records if _is_number(r.get("cond_threshold"))})
+
+    base_t, new_t = thresholds(base_records), thresholds(new_records)
+    if base_t and new_t and base_t != new_t:
+        return (f"the run's records were judged with cond_threshold {new_t} and the baseline's with {base_t} (the "
+                "verdict policy): its verdicts are not the baseline's kind; run it with the baseline's policy, or "
+                "make it the new baseline")
+    return None
 
 
 def gate(baseline_dir: str | os.PathLike, new_dir: str | os.PathLike, fail_on: str | None = DEFAULT_FAIL_ON, *,

@@ -126,6 +126,8 @@ def test_exit_0_for_a_correct_kernel(tmp_path, kernel_file):
     assert {r["grad_of"] for r in records if r.get("mode") == "grad"} == {"a", "b"}  # gradients: on by default
     assert {r["verdict"] for r in records} <= {"equivalent", "out_of_domain"}
     assert not (tmp_path / "cases").exists() or not list((tmp_path / "cases").iterdir())
+    header = json.loads((tmp_path / "report" / "run.json").read_text())
+    assert header["policy"]["cond_threshold"] == 1.0 and header["policy"]["baseline_factor"] == 2.0  # the gate's
     # one dtype searched: its line is printed too (the README promises one per dtype; it came only for two or more)
     summary = proc.stdout.split("\nsearches:\n")[1].splitlines()
     grads = sum(1 for r in records if r.get("mode") == "grad")

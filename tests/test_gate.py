@@ -365,3 +365,33 @@ def test_a_run_directory_that_is_not_there_is_named_so(tmp_path):
         store.append({"kernel": "k", "family": "linear_scan", "dtype": "float32", "verdict": "equivalent"})
     with pytest.raises(InvalidArgument, match="new_dir='.*nonexistent' is not a directory"):
         gate(tmp_path / "base", tmp_path / "nonexistent")
+
+
+# ------------------------------------------------------------------------------ the verdict policy
+def test_a_run_judged_under_another_policy_is_refused_naming_the_change(tmp_path):
+    """A run checked with ``--policy cond=4`` passed the gate against a baseline judged at cond 1, better
+    verdicts and all (a verification pass, session 23)."""
+    from harness.gate import IncomparableRuns
+
+    policy = {"cond_threshold": 1.0, "baseline_factor": 2.0, "min_compared_fraction": 1.0,
+              "fail_on_out_of_domain": False}
+    base = write_run(tmp_path / "base", baseline_records(), header=dict(HEADER, policy=policy))
+    same = write_run(tmp_path / "same", baseline_records(), header=dict(HEADER, policy=dict(policy)))
+    assert gate(base, same).passed
+    loose = write_run(tmp_path / "loose", baseline_records(), header=dict(HEADER, policy=dict(policy, cond_threshold=4.0)))
+    with pytest.raises(IncomparableRuns, match=r"another verdict policy than the baseline \(cond_threshold 1.0 -> 4.0\)"):
+        gate(base, loose)
+    forced = gate(base, loose, allow_mismatch=True)
+    assert forced.passed and any("cond_threshold 1.0 -> 4.0" in note for note in forced.notes), forced.notes
+
+
+def test_without_a_policy_in_the_headers_the_records_thresholds_are_compared(tmp_path):
+    """Older runs and pytest runs have no policy in run.json; their records carry ``cond_threshold``."""
+    from harness.gate import IncomparableRuns
+
+    base = write_run(tmp_path / "base", [dict(r, cond_threshold=1.0) for r in baseline_records()])
+    loose = write_run(tmp_path / "loose", [dict(r, cond_threshold=4.0) for r in baseline_records()])
+    with pytest.raises(IncomparableRuns, match=r"judged with cond_threshold \[4.0\] and the baseline's with \[1.0\]"):
+        gate(base, loose)
+    unmarked = write_run(tmp_path / "unmarked", baseline_records())  # records without the field: nothing to compare
+    assert gate(base, unmarked).passed
