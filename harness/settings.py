@@ -4,8 +4,9 @@ Three profiles, selectable with ``--hypothesis-profile`` (or ``HYPOTHESIS_PROFIL
 pytest header by hypothesis itself:
 
 - ``dev``: quick local runs, random, with the example database (so a failure replays first).
-- ``ci``: derandomized (the same examples every run: a CI gate must not flake), bounded so that
-  ``make test`` stays within its budget on 2 cores.
+- ``ci``: derandomized (the same examples every run: a CI gate must not flake), without hypothesis's
+  targeting (`CI_PHASES`: the draws must not follow the kernel's own errors, or a changed kernel is
+  compared on other cases), bounded so that ``make test`` stays within its budget on 2 cores.
 - ``nightly``: many more examples and lengths up to tens of thousands.
 
 `Limits` holds what the strategies draw inside each profile (longest sequence, largest dims); the
@@ -64,11 +65,22 @@ _COMMON = dict(
 )
 
 
+#: ``ci``'s phases: no ``target``. Hypothesis's targeting steers the second half of a search's draws toward the
+#: cases where the kernel's own cond error was largest (`harness.api.check` reports it), so two correct
+#: versions of one kernel drew different cases: 15 of 25 in common, and the gate compared cells of different
+#: cases (a blind hunt's correct change failed it, session 24). Without it the draws are a function of the
+#: kernel's name, family and dtype alone, until a failure is shrunk (`check` then makes no ``target()`` call
+#: either: hypothesis's generation follows the observations even without the phase, 19 of 25 in common).
+#: Every planted bug is found within its first 9 cases, before targeting would start (docs/detection.md);
+#: nightly keeps it.
+CI_PHASES = tuple(phase for phase in Phase if phase is not Phase.target)
+
+
 def register_profiles() -> None:
     """Register ``dev``, ``ci`` and ``nightly`` with hypothesis (idempotent)."""
     settings.register_profile("dev", max_examples=LIMITS["dev"].max_examples, **_COMMON)
     settings.register_profile("ci", max_examples=LIMITS["ci"].max_examples, derandomize=True, database=None,
-                              **_COMMON)
+                              phases=CI_PHASES, **_COMMON)
     settings.register_profile("nightly", max_examples=LIMITS["nightly"].max_examples,
                               phases=list(Phase), **_COMMON)
 
