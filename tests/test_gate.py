@@ -280,6 +280,22 @@ def test_a_change_between_the_failing_verdicts_is_worse_either_way(before, after
     assert gate_records(base, replace(baseline_records(), cell, verdict="out_of_domain"), "").passed
 
 
+# ------------------------------------------------------------------------------ a damaged key field
+@pytest.mark.parametrize("field, value", [("length", "long"), ("length", 0), ("regime", 7), ("eps", "small"),
+                                          ("chunk_size", 2.5), ("tf32", "yes"), ("family", None)])
+def test_a_record_with_a_key_field_of_the_wrong_type_is_refused_not_a_new_cell(tmp_path, field, value):
+    """``"length": "long"`` alone was read: the record became a cell "length=?", the baseline's divergent cell
+    turned "missing", and the gate passed (blind hunt 23b P4, verification 23)."""
+    cell = {"kernel": "blelloch", "dtype": "float16", "length": 64}
+    base = write_run(tmp_path / "base", replace(baseline_records(), cell, verdict="divergent"))
+    new = write_run(tmp_path / "new", replace(baseline_records(), cell, verdict="divergent", **{field: value}))
+    line = 1 + [(r["kernel"], r["dtype"], r["length"]) for r in baseline_records()].index(
+        ("blelloch", "float16", 64))  # RunStore writes the records in the order appended
+    with pytest.raises(InvalidArgument) as info:
+        gate(base, new, fail_on="cond:1.5x")
+    assert f"{str(new / 'records.jsonl')!r} line {line}: {field}={value!r} must be " in str(info.value)
+
+
 # ---------------------------------------------------------------------- a metric no record holds
 @pytest.mark.parametrize("value", [None, "garbage", "absent"])
 def test_a_baseline_without_the_metric_fails_the_term_naming_it(value):

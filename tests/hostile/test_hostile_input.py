@@ -293,7 +293,9 @@ def test_a_records_line_that_is_json_but_not_an_object_is_named(tmp_path, capsys
     (lambda line: json.dumps({k: v for k, v in json.loads(line).items() if k not in ("kernel", "verdict")}) + "\n",
      "line 1: kernel=None, verdict=None; expected every record to carry ['kernel', 'verdict', 'dtype']"),
     (lambda line: json.dumps(dict(json.loads(line), dtype=5)) + "\n", "line 1: dtype=5; expected"),
-], ids=["garbage-first", "garbage-last-whole", "missing-kernel-verdict", "dtype-number"])
+    (lambda line: json.dumps(dict(json.loads(line), length="long")) + "\n",
+     "line 1: length='long' must be a positive integer; a report and a gate key their cells on it"),
+], ids=["garbage-first", "garbage-last-whole", "missing-kernel-verdict", "dtype-number", "length-text"])
 def test_a_damaged_records_file_is_a_usage_error_naming_the_line(tmp_path, capsys, damage, says):
     """Such lines were skipped or read as records without a word: the report and the gate passed, a divergent
     baseline cell turned "missing" (blind hunt 23b, P4)."""
