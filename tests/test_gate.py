@@ -280,6 +280,21 @@ def test_a_change_between_the_failing_verdicts_is_worse_either_way(before, after
     assert gate_records(base, replace(baseline_records(), cell, verdict="out_of_domain"), "").passed
 
 
+@pytest.mark.parametrize("side", ["baseline", "run"])
+def test_a_gate_that_matches_no_cell_names_the_key_field_one_side_lacks(side):
+    """A baseline without ``regime`` matched no cell and the gate said only "is it the baseline of these
+    kernels?" (verification 23); a missing device reads as cpu, so it is not named."""
+    lacking = [{k: v for k, v in r.items() if k not in ("regime", "device")} for r in baseline_records()]
+    whole = [dict(r, device="cpu") for r in baseline_records()]
+    base, new = (lacking, whole) if side == "baseline" else (whole, lacking)
+    result = gate_records(base, new, "cond:1.5x")
+    other = "run" if side == "baseline" else "baseline"
+    assert not result.passed and any(f"nothing was compared; the {side}'s records carry no ['regime'] (the {other}'s "
+                                     "do), so every cell differs in it" in f for f in result.failures), result.failures
+    unrelated = gate_records(baseline_records(), replace(baseline_records(), {}, kernel="other"), "cond:1.5x")
+    assert any("is it the baseline of these kernels?" in f for f in unrelated.failures), unrelated.failures
+
+
 # ------------------------------------------------------------------------------ a damaged key field
 @pytest.mark.parametrize("field, value", [("length", "long"), ("length", 0), ("regime", 7), ("eps", "small"),
                                           ("chunk_size", 2.5), ("tf32", "yes"), ("family", None)])
