@@ -154,6 +154,11 @@ def load_case(path: str | Path) -> SavedCase:
     if data.get("family") is not None and data["family"] != problem.family.value:  # two answers: say which
         raise InvalidArgument(f"case file {str(path)!r}: family={data['family']!r} but its problem's family is "
                               f"{problem.family.value!r}; expected the same family in both (an edited file?)")
+    if data.get("grad_of") is not None:  # "zzz" was ignored when the forward diverged: the forward replayed
+        try:
+            check_grad_of(data["grad_of"], problem)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"case file {str(path)!r}: {exc}") from None
     missing = [key for key in SAVED_PROBLEM_FIELDS if key not in data["problem"]]
     if missing:  # a default in its place replays another case: a float64 one as float32
         raise InvalidArgument(f"case file {str(path)!r}: its problem has no {missing} (a saved case always carries "
@@ -163,9 +168,29 @@ def load_case(path: str | Path) -> SavedCase:
                      found if isinstance(found, dict) else {}, data.get("grad_of"))
 
 
+def check_grad_of(grad_of: str, problem: Problem) -> None:
+    """`InvalidArgument` unless ``grad_of`` names an input whose gradient ``problem``'s family takes (or is
+    ``*``, the whole backward of a kernel whose backward failed): checked before the case runs, so a bad name
+    is said even where the forward diverges and no gradient would be taken."""
+    names = problem.definition.grad_inputs
+    if grad_of not in (*names, "*"):
+        raise InvalidArgument(f"grad_of={grad_of!r} is not an input whose gradient the family "
+                              f"{problem.family.value!r} takes; expected one of {list(names)} (or '*', the whole "
+                              "backward)")
+
+
+def _forward_instead(record: dict[str, Any], grad_of: str) -> dict[str, Any]:
+    """A gradient replay's forward record, with a note saying why it is the forward's and not the gradient's."""
+    note = (f"the gradient of {grad_of} was not taken: the forward is {record.get('verdict')} on this case, and "
+            "a gradient is checked only where the forward is equivalent; this is the forward's record (fix the "
+            "forward, then replay again to check the gradient)")
+    return dict(record, note=note)
+
+
 def replay(spec, problem: Problem, grad_of: str | None = None, options=None) -> dict[str, Any]:
     """The record of one case run again: its forward, or with ``grad_of`` that input's gradient (the forward
-    record instead when the forward is no longer equivalent: no gradient is taken then).
+    record instead when the forward is no longer equivalent: no gradient is taken then, and its ``note``
+    says so).
 
     One definition for `harness replay`, the saved-case replays of a project's suite and the plugin: a
     gradient's counterexample replays its gradient, not only the forward that was right all along."""
@@ -174,11 +199,14 @@ def replay(spec, problem: Problem, grad_of: str | None = None, options=None) -> 
     options = options or RunOptions()
     if grad_of is None:
         return run_case(spec, problem, options)
+    check_grad_of(grad_of, problem)
     from harness.gradients import gradient_case
 
     records = gradient_case(spec, problem, options)
     for record in records:
-        if record.get("mode") != "grad" or record.get("grad_of") in (grad_of, "*"):
+        if record.get("mode") != "grad":
+            return _forward_instead(record, grad_of)
+        if record.get("grad_of") in (grad_of, "*"):
             return record
     taken = sorted(str(r.get("grad_of")) for r in records)
     raise InvalidArgument(f"grad_of={grad_of!r}: the replay took no gradient of that input (taken: {taken or 'none'}, "

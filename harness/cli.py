@@ -464,7 +464,7 @@ def cmd_replay(args) -> int:
         print(note, file=sys.stderr)
     record = replay(spec, problem, grad_of, RunOptions(policy=_policy(args)))
     keys = ("kernel", "grad_of", "family", "dtype", "length", "regime", "verdict", "cause", "why", "cond_max", "max_abs",
-            "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class", "outcome", "error")
+            "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class", "outcome", "error", "note")
     for key in keys:
         if record.get(key) is not None:
             print(f"{key:>16}: {record[key]}")

@@ -243,14 +243,27 @@ def _edited_case(edit) -> bytes:
     (_edited_case(lambda p: p.update(tf32=2)), "tf32=2 is a int; expected true or false"),
     (_edited_case(lambda p: None).replace(b'"expect": "equivalent"', b'"expect": "great"'),
      "expect='great'; expected one of ['equivalent', 'divergent', 'out_of_domain', 'kernel_error']"),
+    (_edited_case(lambda p: None).replace(b'"expect"', b'"grad_of": "zzz", "expect"'),
+     "grad_of='zzz' is not an input whose gradient the family 'linear_scan' takes; expected one of ['a', 'b']"),
 ], ids=["not-utf8", "groups-x", "problem-string", "list", "not-json", "kernel-not-string", "length-1e9",
         "batch-1e8", "seed-2-80", "length-true", "values-string", "cu_seqlens-string", "family-disagrees",
-        "no-dtype", "tf32-string", "softplus-string", "tf32-number", "expect-not-a-verdict"])
+        "no-dtype", "tf32-string", "softplus-string", "tf32-number", "expect-not-a-verdict", "grad_of-unknown"])
 def test_a_malformed_case_file_is_a_usage_error(tmp_path, capsys, content, says):
     path = tmp_path / "case.json"
     path.write_bytes(content)
     code, _, err = run_cli(capsys, "replay", str(path))
     assert code == 2 and says in err and str(path) in err, err
+
+
+def test_a_gradient_case_whose_forward_diverges_says_its_gradient_was_not_taken(tmp_path, capsys):
+    """A gradient's case replayed against a kernel whose forward diverges showed the forward's record as if it
+    were the gradient's, its grad_of unmentioned ("zzz" there was not even refused; verification 23, P11)."""
+    path = tmp_path / "case.json"
+    path.write_bytes(_edited_case(lambda p: None).replace(b'"expect"', b'"grad_of": "a", "expect"'))
+    code, out, err = run_cli(capsys, "replay", str(path), "--kernel", f"{KERNELS}:returns_b")
+    assert code == 1 and "verdict: divergent" in out, out + err
+    assert ("the gradient of a was not taken: the forward is divergent on this case, and a gradient is checked "
+            "only where the forward is equivalent") in out, out
 
 
 def test_a_case_file_whose_values_name_an_input_the_problem_does_not_take_is_a_usage_error(tmp_path, capsys):
