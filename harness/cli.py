@@ -286,6 +286,7 @@ def _check_units(targets: list[tuple[str, str | None]], dtypes: tuple[str, ...] 
 
 def cmd_check(args) -> int:
     from harness.api import check
+    from harness.kernels.target import canonical_target  # targets named as the records name them, as typed or not
     from harness.shard import Shard, shard_header
     from harness.store import RunStore, environment
 
@@ -327,7 +328,7 @@ def cmd_check(args) -> int:
               "autograd oracle keeps every step's state; their forward outputs were checked)")
     for (target, _, dtypes), result in zip(units, results):
         if result.gradients_not_differentiable and not any(r.get("mode") == "grad" for r in result.records):
-            print(f"\ngradients: not checked for {target} ({', '.join(dtypes or ())}): its output carried no gradient "
+            print(f"\ngradients: not checked for {canonical_target(target)} ({', '.join(dtypes or ())}): its output carried no gradient "
                   f"in {result.gradients_not_differentiable} case(s) (detached, computed under no_grad, or without "
                   "autograd); a kernel meant for training must return an output autograd can differentiate")
     beyond = sum(result.gradients_out_of_domain for result in results  # a kernel shown differentiable
@@ -344,7 +345,7 @@ def cmd_check(args) -> int:
     if results:  # the searches' outcomes in one place, after the messages they may have printed
         print("\nsearches:")
         for (target, _, dtypes), result in zip(units, results):
-            print(f"  {target} {','.join(dtypes or ())}: {search_outcome(result)}")
+            print(f"  {canonical_target(target)} {','.join(dtypes or ())}: {search_outcome(result)}")
     return status
 
 

@@ -79,3 +79,16 @@ def test_a_file_of_a_package_imports_its_package_by_name(project, monkeypatch, t
     sys.modules.pop("kern_s23", None)
     sys.modules.pop("kern_s23.scan", None)
 
+
+
+def test_the_searches_line_names_the_kernel_as_its_records_do(project, monkeypatch, capsys):
+    """``searches:`` printed the target as typed (``scan.py:scan`` from the subfolder), while the records, the
+    report and the Replay line named it from the root (verification 23)."""
+    from harness.cli import main
+
+    monkeypatch.chdir(project / "kern")
+    code = main(["check", "--kernel", "scan.py:scan", "--family", "linear_scan", "--dtypes", "float64",
+                 "--max-examples", "2", "--max-length", "8", "--no-grad", "--in-process",
+                 "--report-dir", str(project / "run"), "--cases-dir", str(project / "cases")])
+    searches = capsys.readouterr().out.split("\nsearches:\n")[1].splitlines()
+    assert code == 0 and searches[0].startswith("  kern/scan.py:scan float64: passed"), searches
