@@ -254,8 +254,26 @@ def resolve_kernel(name: str, target: str | None = None, family: str | None = No
                 "--trust-case-file to import what the file names")
         from harness.api import user_kernel_spec
 
+        _check_case_target(target)
         return user_kernel_spec(target, family=family, name=name)
     return registry.get(name)
+
+
+def _check_case_target(target: str) -> None:
+    """`InvalidArgument` when the file of a case's ``kernel_target`` is not found from here, saying that a relative
+    one is spelled from the root of the project the case was saved in: from outside it, replay said only
+    "file 'mykern/scan.py' does not exist" (blind hunt 23b, P14)."""
+    from harness.kernels.target import target_file
+    from harness.project import find_root
+
+    path = target_file(target)
+    if path is None or path.is_file() or path.is_absolute():
+        return
+    raise InvalidArgument(f"kernel_target={target!r}: file {str(path)!r} is not found; a case names its kernel's file "
+                          "relative to the root of the project it was saved in (the folder holding its "
+                          f"pyproject.toml), and the project root here is {str(find_root())!r}: run the replay from "
+                          "inside that project, or pass --kernel PATH.py:"
+                          f"{target.rpartition(':')[2]} with the file's path from here")
 
 
 # ---------------------------------------------------------------------------------------------- sweeps
