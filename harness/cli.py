@@ -728,14 +728,31 @@ def _joined_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _catch_stops() -> dict:
+    """Route SIGINT and SIGTERM to `_on_signal` (a stop request) and return the handlers they had.
+
+    Called as soon as the command is known: installed after start-up (torch's import, the workers' server),
+    a SIGTERM there ended the process with 143 and no word instead of the documented 130 (verification 23)."""
+    from harness.kernels.isolation import clear_stop
+
+    clear_stop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: leave it so
+            signal.signal(sig, _on_signal)
+    return previous
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    from harness.kernels.isolation import clear_stop, prestart
+    from harness.kernels.isolation import prestart, raise_if_stopped
 
     previous: dict = {}
     args = None
     try:
         parser = build_parser()
         args = parser.parse_args(_joined_negative_values(sys.argv[1:] if argv is None else list(argv)))
+        if args.command in ("check", "sweep"):  # a run: a signal stops it at the next record or kernel wait
+            previous = _catch_stops()
         _usage_errors_first(args)
         if args.command in _RUNS_KERNELS and not (getattr(args, "in_process", False) or getattr(args, "list", False)):
             prestart()  # first of all: the workers' server imports torch beside this process, not after it
@@ -743,12 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
         _apply_isolation(args)
-        if args.command in ("check", "sweep"):  # a run: a signal stops it at the next record or kernel wait
-            clear_stop()
-            previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-            for sig, handler in previous.items():
-                if handler is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: leave it so
-                    signal.signal(sig, _on_signal)
+        raise_if_stopped()  # stopped during start-up: exit 130 now, before any run directory is made
         return args.func(args)
     except InvalidArgument as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
