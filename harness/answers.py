@@ -87,14 +87,42 @@ class AnswerTable:
                    where=dict(filt), orders={k: list(v) for k, v in given.items()})
 
 
+#: Fields of a sweep's records, besides its problems' own, that a table's rows and columns may name.
+RECORD_KEY_FIELDS = ("kernel", "kind", "family", "verdict", "cause", "precision", "outcome", "mode", "grad_of")
+
+
+def row_fields() -> tuple[str, ...]:
+    """The fields a table's ``rows`` and ``columns`` may name: `RECORD_KEY_FIELDS` and the problem's fields
+    (those a sweep's every record carries, so that each row and column has a value)."""
+    import dataclasses
+
+    from harness.problems import Problem
+
+    return (*RECORD_KEY_FIELDS, *(f.name for f in dataclasses.fields(Problem) if f.name not in ("family", "values")))
+
+
+def _check_row_fields(table: AnswerTable, where: str) -> None:
+    """`InvalidArgument` naming a ``rows`` or ``columns`` field no record of a sweep carries: ``rows =
+    ["nofield"]`` was accepted and its table had one row labelled "-" (blind hunt 23b, P16)."""
+    known = row_fields()
+    for key, names in (("rows", table.rows), ("columns", (table.columns,))):
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise InvalidArgument(f"{where}: {key} names {unknown}, no field of a sweep's records; expected "
+                                  f"fields among {list(known)}")
+
+
 def parse_answers(data: Any, where: str, orders: Mapping[str, Sequence[Any]] | None = None) -> list[AnswerTable]:
-    """The ``[[answer]]`` tables of a sweep file (none when absent)."""
+    """The ``[[answer]]`` tables of a sweep file (none when absent); ``where`` names the file in errors."""
     if data is None:
         return []
     items = [data] if isinstance(data, Mapping) else data
     if not isinstance(items, list):
         raise InvalidArgument(f"{where}: answer={data!r} must be [[answer]] tables")
-    return [AnswerTable.from_dict(item, f"{where}: answer {i}", orders) for i, item in enumerate(items)]
+    tables = [AnswerTable.from_dict(item, f"{where}: answer {i}", orders) for i, item in enumerate(items)]
+    for i, table in enumerate(tables):
+        _check_row_fields(table, f"{where}: answer {i}")
+    return tables
 
 
 # ---------------------------------------------------------------------------------------- rendering

@@ -287,6 +287,7 @@ def _check_units(targets: list[tuple[str, str | None]], dtypes: tuple[str, ...] 
 
 def cmd_check(args) -> int:
     from harness.api import check
+    from harness.kernels.target import canonical_target  # targets named as the records name them, as typed or not
     from harness.shard import Shard, shard_header
     from harness.store import RunStore, environment
 
@@ -330,7 +331,7 @@ def cmd_check(args) -> int:
               "autograd oracle keeps every step's state; their forward outputs were checked)")
     for (target, _, dtypes), result in zip(units, results):
         if result.gradients_not_differentiable and not any(r.get("mode") == "grad" for r in result.records):
-            print(f"\ngradients: not checked for {target} ({', '.join(dtypes or ())}): its output carried no gradient "
+            print(f"\ngradients: not checked for {canonical_target(target)} ({', '.join(dtypes or ())}): its output carried no gradient "
                   f"in {result.gradients_not_differentiable} case(s) (detached, computed under no_grad, or without "
                   "autograd); a kernel meant for training must return an output autograd can differentiate")
     beyond = sum(result.gradients_out_of_domain for result in results  # a kernel shown differentiable
@@ -347,7 +348,7 @@ def cmd_check(args) -> int:
     if results:  # the searches' outcomes in one place, after the messages they may have printed
         print("\nsearches:")
         for (target, _, dtypes), result in zip(units, results):
-            print(f"  {target} {','.join(dtypes or ())}: {search_outcome(result)}")
+            print(f"  {canonical_target(target)} {','.join(dtypes or ())}: {search_outcome(result)}")
     return status
 
 
@@ -468,7 +469,7 @@ def cmd_replay(args) -> int:
         print(note, file=sys.stderr)
     record = replay(spec, problem, grad_of, RunOptions(policy=_policy(args)))
     keys = ("kernel", "grad_of", "family", "dtype", "length", "regime", "verdict", "cause", "why", "cond_max", "max_abs",
-            "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class", "outcome", "error")
+            "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class", "outcome", "error", "note")
     for key in keys:
         if record.get(key) is not None:
             print(f"{key:>16}: {record[key]}")
@@ -731,14 +732,31 @@ def _joined_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _catch_stops() -> dict:
+    """Route SIGINT and SIGTERM to `_on_signal` (a stop request) and return the handlers they had.
+
+    Called as soon as the command is known: installed after start-up (torch's import, the workers' server),
+    a SIGTERM there ended the process with 143 and no word instead of the documented 130 (verification 23)."""
+    from harness.kernels.isolation import clear_stop
+
+    clear_stop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: leave it so
+            signal.signal(sig, _on_signal)
+    return previous
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    from harness.kernels.isolation import clear_stop, prestart
+    from harness.kernels.isolation import prestart, raise_if_stopped
 
     previous: dict = {}
     args = None
     try:
         parser = build_parser()
         args = parser.parse_args(_joined_negative_values(sys.argv[1:] if argv is None else list(argv)))
+        if args.command in ("check", "sweep"):  # a run: a signal stops it at the next record or kernel wait
+            previous = _catch_stops()
         _usage_errors_first(args)
         if args.command in _RUNS_KERNELS and not (getattr(args, "in_process", False) or getattr(args, "list", False)):
             prestart()  # first of all: the workers' server imports torch beside this process, not after it
@@ -746,12 +764,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
         _apply_isolation(args)
-        if args.command in ("check", "sweep"):  # a run: a signal stops it at the next record or kernel wait
-            clear_stop()
-            previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-            for sig, handler in previous.items():
-                if handler is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: leave it so
-                    signal.signal(sig, _on_signal)
+        raise_if_stopped()  # stopped during start-up: exit 130 now, before any run directory is made
         return args.func(args)
     except InvalidArgument as exc:
         print(f"harness: error: {exc}", file=sys.stderr)

@@ -399,6 +399,37 @@ def partial_warnings(base_header: Mapping[str, Any], new_header: Mapping[str, An
 
 
 # ------------------------------------------------------------------------------------------ the gate
+def _key_field(column: str) -> str:
+    """The record field behind a `CELL_KEYS` column (the length bucket is made of ``length``)."""
+    return "length" if column == "length_bucket" else column
+
+
+def _columns_lacking(records: Sequence[Mapping[str, Any]], others: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The record fields behind the `CELL_KEYS` columns that no record of ``records`` carries while some of
+    ``others`` do, and whose absence puts every record in another cell (a missing ``device`` reads as cpu)."""
+    lacking = []
+    for i, column in enumerate(CELL_KEYS):
+        field = _key_field(column)
+        if any(r.get(field) is not None for r in records) or not any(r.get(field) is not None for r in others):
+            continue
+        if {cell_key(r)[i] for r in others} - {cell_key(r)[i] for r in records}:
+            lacking.append(field)
+    return lacking
+
+
+def _unmatched_why(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[Mapping[str, Any]]) -> str:
+    """Why no cell matched, when a side's records lack a key field (a hand-made or older baseline without
+    ``regime`` matched nothing and the gate said only "is it the baseline of these kernels?", verification 23);
+    else the question it asks."""
+    said = [f"the {side}'s records carry no {fields} (the {other}'s do), so every cell differs in it"
+            for side, other, fields in (("baseline", "run", _columns_lacking(base_records, new_records)),
+                                        ("run", "baseline", _columns_lacking(new_records, base_records))) if fields]
+    if said:
+        return "; ".join(said) + ": compare runs whose records carry the same fields (remake the older one with " \
+            "this harness)"
+    return "is it the baseline of these kernels?"
+
+
 def gate_records(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[Mapping[str, Any]],
                  fail_on: str | Sequence[FailOn] | None = DEFAULT_FAIL_ON, *,
                  fail_on_missing: bool = False) -> GateResult:
@@ -415,8 +446,8 @@ def gate_records(base_records: Sequence[Mapping[str, Any]], new_records: Sequenc
     run_failures = [f"missing cell {m}" for m in lists["missing"]] if fail_on_missing else []
     if len(table) and not (table["status"] == "both").any():
         run_failures.append(f"no cell of this run matches the baseline ({len(lists['missing'])} baseline cells, "
-                            f"{len(lists['added'])} new cells): nothing was compared; is it the baseline of these "
-                            "kernels?")
+                            f"{len(lists['added'])} new cells): nothing was compared; "
+                            f"{_unmatched_why(base_records, new_records)}")
     run_failures += unmeasured_terms(table, base_records, new_records, terms)
     unchanged = int((table["change"] == "unchanged").sum()) if len(table) else 0
     return GateResult(passed=not failures + run_failures, failures=failures + run_failures, table=table,

@@ -212,13 +212,69 @@ def load_header(run_dir: str | os.PathLike) -> dict[str, Any]:
 #: Fields every record carries, each a string: what a report, a gate and a merge key their cells on.
 REQUIRED_FIELDS = ("kernel", "verdict", "dtype")
 
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _text_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _positive_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _positive_whole_or_none(value: Any) -> bool:
+    return value is None or _positive_whole(value)
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _flag(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+#: The other fields a report, a gate and a merge key their cells and records on (`harness.report.cell_key`,
+#: `harness.shard`), checked when present, with what each must be. A record whose only damage was
+#: ``"length": "long"`` was read: it became a cell of its own ("length=?"), the baseline's divergent cell
+#: turned "missing" and the gate passed (blind hunt 23b, P4). The harness writes every one of them with these
+#: types (None only where it means "not set": no eps, no chunk size, the default device).
+KEY_FIELDS: dict[str, tuple[Any, str]] = {
+    "family": (_text, "a string"),
+    "case": (_text, "a string"),
+    "regime": (_text, "a string"),
+    "mode": (_text, "a string"),
+    "grad_of": (_text, "a string"),
+    "device": (_text_or_none, "a string or null"),
+    "tf32": (_flag, "true or false"),
+    "length": (_positive_whole, "a positive integer"),
+    "chunk_size": (_positive_whole_or_none, "a positive integer or null"),
+    "eps": (_number_or_none, "a number or null"),
+}
+
+
+def _check_key_fields(where: str, record: dict[str, Any]) -> None:
+    """`InvalidArgument` naming every `KEY_FIELDS` field of ``record`` whose value is not what it must be."""
+    from harness.errors import InvalidArgument
+
+    bad = [name for name, (fits, _) in KEY_FIELDS.items() if name in record and not fits(record[name])]
+    if bad:
+        shown = "; ".join(f"{name}={record[name]!r} must be {KEY_FIELDS[name][1]}" for name in bad)
+        raise InvalidArgument(f"{where}: {shown}; a report and a gate key their cells on it (a damaged or "
+                              "hand-edited record?)")
+
+
 #: Record files whose cut last line was already reported (`load_records` is read several times a command).
 _CUT_REPORTED: set[str] = set()
 
 
 def _record_of(path: Path, number: int, line: str) -> dict[str, Any]:
     """Line ``number`` of records file ``path`` as a record, or `InvalidArgument` naming the file, the line and
-    what is wrong with it (not JSON, not an object, a required field missing or not a string)."""
+    what is wrong with it (not JSON, not an object, a required field missing or not a string, a `KEY_FIELDS`
+    field of the wrong type)."""
     from harness.errors import InvalidArgument
 
     where = f"records file {str(path)!r} line {number}"
@@ -235,7 +291,9 @@ def _record_of(path: Path, number: int, line: str) -> dict[str, Any]:
         shown = ", ".join(f"{key}={value.get(key)!r}" for key in bad)
         raise InvalidArgument(f"{where}: {shown}; expected every record to carry {list(REQUIRED_FIELDS)} as "
                               "strings (a damaged or hand-edited record?)")
-    return _decode(value)
+    record = _decode(value)
+    _check_key_fields(where, record)
+    return record
 
 
 def _is_cut_last_line(text: str, lines: list[str], number: int) -> bool:

@@ -280,6 +280,37 @@ def test_a_change_between_the_failing_verdicts_is_worse_either_way(before, after
     assert gate_records(base, replace(baseline_records(), cell, verdict="out_of_domain"), "").passed
 
 
+@pytest.mark.parametrize("side", ["baseline", "run"])
+def test_a_gate_that_matches_no_cell_names_the_key_field_one_side_lacks(side):
+    """A baseline without ``regime`` matched no cell and the gate said only "is it the baseline of these
+    kernels?" (verification 23); a missing device reads as cpu, so it is not named."""
+    lacking = [{k: v for k, v in r.items() if k not in ("regime", "device")} for r in baseline_records()]
+    whole = [dict(r, device="cpu") for r in baseline_records()]
+    base, new = (lacking, whole) if side == "baseline" else (whole, lacking)
+    result = gate_records(base, new, "cond:1.5x")
+    other = "run" if side == "baseline" else "baseline"
+    assert not result.passed and any(f"nothing was compared; the {side}'s records carry no ['regime'] (the {other}'s "
+                                     "do), so every cell differs in it" in f for f in result.failures), result.failures
+    unrelated = gate_records(baseline_records(), replace(baseline_records(), {}, kernel="other"), "cond:1.5x")
+    assert any("is it the baseline of these kernels?" in f for f in unrelated.failures), unrelated.failures
+
+
+# ------------------------------------------------------------------------------ a damaged key field
+@pytest.mark.parametrize("field, value", [("length", "long"), ("length", 0), ("regime", 7), ("eps", "small"),
+                                          ("chunk_size", 2.5), ("tf32", "yes"), ("family", None)])
+def test_a_record_with_a_key_field_of_the_wrong_type_is_refused_not_a_new_cell(tmp_path, field, value):
+    """``"length": "long"`` alone was read: the record became a cell "length=?", the baseline's divergent cell
+    turned "missing", and the gate passed (blind hunt 23b P4, verification 23)."""
+    cell = {"kernel": "blelloch", "dtype": "float16", "length": 64}
+    base = write_run(tmp_path / "base", replace(baseline_records(), cell, verdict="divergent"))
+    new = write_run(tmp_path / "new", replace(baseline_records(), cell, verdict="divergent", **{field: value}))
+    line = 1 + [(r["kernel"], r["dtype"], r["length"]) for r in baseline_records()].index(
+        ("blelloch", "float16", 64))  # RunStore writes the records in the order appended
+    with pytest.raises(InvalidArgument) as info:
+        gate(base, new, fail_on="cond:1.5x")
+    assert f"{str(new / 'records.jsonl')!r} line {line}: {field}={value!r} must be " in str(info.value)
+
+
 # ---------------------------------------------------------------------- a metric no record holds
 @pytest.mark.parametrize("value", [None, "garbage", "absent"])
 def test_a_baseline_without_the_metric_fails_the_term_naming_it(value):

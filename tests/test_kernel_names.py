@@ -79,3 +79,38 @@ def test_a_file_of_a_package_imports_its_package_by_name(project, monkeypatch, t
     sys.modules.pop("kern_s23", None)
     sys.modules.pop("kern_s23.scan", None)
 
+
+
+def test_the_searches_line_names_the_kernel_as_its_records_do(project, monkeypatch, capsys):
+    """``searches:`` printed the target as typed (``scan.py:scan`` from the subfolder), while the records, the
+    report and the Replay line named it from the root (verification 23)."""
+    from harness.cli import main
+
+    monkeypatch.chdir(project / "kern")
+    code = main(["check", "--kernel", "scan.py:scan", "--family", "linear_scan", "--dtypes", "float64",
+                 "--max-examples", "2", "--max-length", "8", "--no-grad", "--in-process",
+                 "--report-dir", str(project / "run"), "--cases-dir", str(project / "cases")])
+    searches = capsys.readouterr().out.split("\nsearches:\n")[1].splitlines()
+    assert code == 0 and searches[0].startswith("  kern/scan.py:scan float64: passed"), searches
+
+
+def test_a_case_replayed_from_outside_its_project_says_its_path_is_the_project_s(project, monkeypatch, capsys,
+                                                                                    tmp_path_factory):
+    """From outside the project, replay said only "file 'kern/scan.py' does not exist" (blind hunt 23b, P14)."""
+    import json
+
+    from harness.cli import main
+    from harness.problems import Problem
+
+    case = project / "case.json"
+    case.write_text(json.dumps({"kernel": "user.kern/scan.py:scan", "kernel_target": "kern/scan.py:scan",
+                                "family": "linear_scan", "expect": "equivalent",
+                                "problem": Problem("linear_scan", 4, dtype="float64").to_dict()}))
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    monkeypatch.chdir(elsewhere)
+    assert main(["replay", str(case), "--trust-case-file", "--in-process"]) == 2
+    err = capsys.readouterr().err
+    assert ("file 'kern/scan.py' is not found; a case names its kernel's file relative to the root of the project it "
+            f"was saved in (the folder holding its pyproject.toml), and the project root here is {str(elsewhere)!r}: "
+            "run the replay from inside that project, or pass --kernel PATH.py:scan") in err, err
+    assert main(["replay", str(case), "--kernel", f"{project}/kern/scan.py:scan", "--in-process"]) == 0

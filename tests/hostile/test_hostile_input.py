@@ -243,14 +243,27 @@ def _edited_case(edit) -> bytes:
     (_edited_case(lambda p: p.update(tf32=2)), "tf32=2 is a int; expected true or false"),
     (_edited_case(lambda p: None).replace(b'"expect": "equivalent"', b'"expect": "great"'),
      "expect='great'; expected one of ['equivalent', 'divergent', 'out_of_domain', 'kernel_error']"),
+    (_edited_case(lambda p: None).replace(b'"expect"', b'"grad_of": "zzz", "expect"'),
+     "grad_of='zzz' is not an input whose gradient the family 'linear_scan' takes; expected one of ['a', 'b']"),
 ], ids=["not-utf8", "groups-x", "problem-string", "list", "not-json", "kernel-not-string", "length-1e9",
         "batch-1e8", "seed-2-80", "length-true", "values-string", "cu_seqlens-string", "family-disagrees",
-        "no-dtype", "tf32-string", "softplus-string", "tf32-number", "expect-not-a-verdict"])
+        "no-dtype", "tf32-string", "softplus-string", "tf32-number", "expect-not-a-verdict", "grad_of-unknown"])
 def test_a_malformed_case_file_is_a_usage_error(tmp_path, capsys, content, says):
     path = tmp_path / "case.json"
     path.write_bytes(content)
     code, _, err = run_cli(capsys, "replay", str(path))
     assert code == 2 and says in err and str(path) in err, err
+
+
+def test_a_gradient_case_whose_forward_diverges_says_its_gradient_was_not_taken(tmp_path, capsys):
+    """A gradient's case replayed against a kernel whose forward diverges showed the forward's record as if it
+    were the gradient's, its grad_of unmentioned ("zzz" there was not even refused; verification 23, P11)."""
+    path = tmp_path / "case.json"
+    path.write_bytes(_edited_case(lambda p: None).replace(b'"expect"', b'"grad_of": "a", "expect"'))
+    code, out, err = run_cli(capsys, "replay", str(path), "--kernel", f"{KERNELS}:returns_b")
+    assert code == 1 and "verdict: divergent" in out, out + err
+    assert ("the gradient of a was not taken: the forward is divergent on this case, and a gradient is checked "
+            "only where the forward is equivalent") in out, out
 
 
 def test_a_case_file_whose_values_name_an_input_the_problem_does_not_take_is_a_usage_error(tmp_path, capsys):
@@ -293,7 +306,9 @@ def test_a_records_line_that_is_json_but_not_an_object_is_named(tmp_path, capsys
     (lambda line: json.dumps({k: v for k, v in json.loads(line).items() if k not in ("kernel", "verdict")}) + "\n",
      "line 1: kernel=None, verdict=None; expected every record to carry ['kernel', 'verdict', 'dtype']"),
     (lambda line: json.dumps(dict(json.loads(line), dtype=5)) + "\n", "line 1: dtype=5; expected"),
-], ids=["garbage-first", "garbage-last-whole", "missing-kernel-verdict", "dtype-number"])
+    (lambda line: json.dumps(dict(json.loads(line), length="long")) + "\n",
+     "line 1: length='long' must be a positive integer; a report and a gate key their cells on it"),
+], ids=["garbage-first", "garbage-last-whole", "missing-kernel-verdict", "dtype-number", "length-text"])
 def test_a_damaged_records_file_is_a_usage_error_naming_the_line(tmp_path, capsys, damage, says):
     """Such lines were skipped or read as records without a word: the report and the gate passed, a divergent
     baseline cell turned "missing" (blind hunt 23b, P4)."""
@@ -376,7 +391,10 @@ def test_check_checks_every_kernel_given(tmp_path, capsys):
     code, out, err = run_cli(capsys, *argv)
     assert code == 1, err
     searches = out.split("searches:")[1]
-    assert f"{KERNELS}:correct float32: passed" in searches and f"{buggy}:k float32: divergent" in searches, out
+    from harness.kernels.target import canonical_target  # as the records name them (root-relative in the project)
+
+    assert f"{canonical_target(f'{KERNELS}:correct')} float32: passed" in searches, out
+    assert f"{canonical_target(f'{buggy}:k')} float32: divergent" in searches, out
     code, _, err = run_cli(capsys, *argv, "--family", "linear_scan")
     assert code == 2 and "--family is given 3 times for 2 --kernel" in err, err
 
@@ -686,6 +704,41 @@ def test_check_names_a_wrong_argument_type_from_python():
     result = check("intree.blelloch_scan", family="linear_scan", max_examples=2, dtypes=("float32",), grad=False,
                    policy={"cond": 4}, save_counterexample=False)
     assert result.passed and {r["cond_threshold"] for r in result.records} == {4.0}
+
+
+def test_a_stop_during_start_up_exits_130(tmp_path):
+    """A SIGTERM before the handler was installed (torch's import, the workers' server: the first seconds of
+    `harness check`) ended the process with 143 and no word, not the documented 130 (verification 23). Start-up
+    is held at its Triton step until the signal has been sent, so the signal lands there."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ready = tmp_path / "in-start-up"
+    code = textwrap.dedent(f"""
+        import pathlib, sys, time
+        from harness.kernels import triton_interpreter
+        def held():
+            pathlib.Path({str(ready)!r}).write_text("")
+            time.sleep(5)
+        triton_interpreter.interpret_if_no_gpu = held
+        from harness.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code, *check_args(tmp_path), "--in-process"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the harness did not end within 60 s of SIGTERM") from None
+    assert ready.exists() and proc.returncode == 130 and "terminated (SIGTERM)" in err, (proc.returncode, err[-2000:])
+    assert not (tmp_path / "run").exists()  # stopped before its run directory was made
 
 
 def test_a_stop_while_a_kernel_s_module_hangs_in_its_import_ends_the_command(tmp_path):
