@@ -457,6 +457,38 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     return result
 
 
+def dtype_searches(fn: "Callable | str | KernelSpec", *, family: Family | str | None = None,
+                   dtypes: "tuple[str, ...] | None" = None, device: str = "cpu") -> "list[tuple[str, ...] | None]":
+    """The dtypes of each search a kernel gets: one search per dtype it runs on ``device`` (of ``dtypes`` if
+    given), in the order given or declared, each with the profile's examples; where none runs, one search of
+    ``dtypes`` as given (it says why, a usage error). One search over every dtype spent its 25 ci cases as
+    its draws fell (a user's selective scan: float32 14, float64 8, bfloat16 2, float16 1): a bug of the dtype
+    that got one case was seen by chance. `harness check` and the pytest fixture search so
+    (`check_each_dtype`), and so draw the same cases: a check's baseline gates a pytest run and back."""
+    caps = user_kernel_spec(fn, family=family).capabilities
+    dtypes = dtype_names(dtypes)
+    return [(d,) for d in (dtypes or caps.dtypes) if caps.runs(d, device) is None] or [dtypes]
+
+
+def check_each_dtype(fn: "Callable | str | KernelSpec", *, family: Family | str | None = None,
+                     dtypes: "tuple[str, ...] | None" = None, device: str = "cpu", **options: Any) -> CheckResult:
+    """`check` once per search of `dtype_searches`, joined into one result: every record, the first failure
+    (its message followed by the other searches' failures), the counts summed."""
+    results = [check(fn, family=family, dtypes=each, device=device, **options)
+               for each in dtype_searches(fn, family=family, dtypes=dtypes, device=device)]
+    if len(results) == 1:
+        return results[0]
+    failed = [r for r in results if not r.passed]
+    first = failed[0] if failed else results[0]
+    joined = CheckResult(records=[rec for r in results for rec in r.records], failure=first.failure,
+                         counterexample=first.counterexample, regimes=first.regimes,
+                         shrink_stopped=any(r.shrink_stopped for r in results))
+    joined.message = "\n\n".join(r.message for r in failed if r.message) or None
+    for count in ("gradients_skipped", "gradients_out_of_domain", "gradients_not_differentiable"):
+        setattr(joined, count, sum(getattr(r, count) for r in results))
+    return joined
+
+
 def _save_found_case(result: CheckResult, problem, directory: Path | None, target: str | None) -> None:
     """Save ``result``'s counterexample (`harness.cases.save_counterexample`); a folder that cannot be
     written (read-only, full) leaves the failure's message whole, with a line saying the case was not saved,

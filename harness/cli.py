@@ -266,22 +266,17 @@ def _check_units(targets: list[tuple[str, str | None]], dtypes: tuple[str, ...] 
                  shard) -> list[tuple[str, str | None, tuple[str, ...] | None]]:
     """(target, family, dtypes) of each search to run: one per (kernel, dtype), every dtype the kernel
     runs on ``device`` (of ``dtypes`` if given), in the order of the table and the kernel's declared
-    dtypes, each with the profile's examples. One search over every dtype spent its 25 ci cases where its
-    cond_max target drew it (a user's selective scan: float32 14, float64 8, bfloat16 2, float16 1): a bug
-    of the dtype that got one case was seen by chance.
+    dtypes, each with the profile's examples (`harness.api.dtype_searches`).
     With ``--shard K/N`` this job takes every N-th unit from the K-th (`harness.shard.Shard.take`): the
     split depends on the arguments and the kernels' declarations only, so every job computes it alike,
     and the unsharded run (``--shard 1/1``) runs the same searches, one job, as the union of the N jobs'
     runs (`harness merge`)."""
-    from harness.api import user_kernel_spec
+    from harness.api import dtype_searches
     from harness.shard import Shard
 
     shard = shard or Shard(1, 1)
-    units = []
-    for target, family in targets:
-        caps = user_kernel_spec(target, family=family).capabilities
-        runnable = [(target, family, (d,)) for d in (dtypes or caps.dtypes) if caps.runs(d, device) is None]
-        units += runnable or [(target, family, dtypes)]  # none runs: its search says so (a usage error)
+    units = [(target, family, each) for target, family in targets
+             for each in dtype_searches(target, family=family, dtypes=dtypes, device=device)]
     return list(shard.take(units))
 
 

@@ -7,6 +7,8 @@ counterexample lands in the temporary project's ``.harness/counterexamples/``.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -41,14 +43,23 @@ def test_correct(harness_check):
 
 def test_wrong(harness_check):
     harness_check(scan_drops_last_input, **OPTIONS)
+
+def test_each_dtype_is_a_search_of_its_own(harness_check):
+    result = harness_check(scan, **dict(OPTIONS, dtypes=("float32", "float64")))
+    counts = {d: sum(r["dtype"] == d for r in result.records) for d in ("float32", "float64")}
+    assert counts == {"float32": 8, "float64": 8}, counts
 '''
 
 
 def test_the_fixture_passes_a_correct_kernel_and_fails_a_wrong_one_with_the_shrunk_case(pytester):
     pytester.makepyprojecttoml("[project]\nname = 'user-kernels'\n")
     pytester.makepyfile(kernels=KERNELS, test_user=TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "--harness-in-process", timeout=600)
-    result.assert_outcomes(passed=1, failed=1)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "--harness-in-process",
+                                           "--harness-report-dir", "out", timeout=600)
+    # one search per dtype, as `harness check` runs them: one over two dtypes split its 8 cases between them
+    result.assert_outcomes(passed=2, failed=1)
+    header = json.loads((pytester.path / "out" / "run.json").read_text())
+    assert header["profile"] == "pytest:ci", header["profile"]  # the searches' profile, not hypothesis's "default"
     out = result.stdout.str()
     assert "DivergenceError" in out and "scan_drops_last_input" in out
     assert "counterexample saved:" in out
