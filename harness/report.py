@@ -127,10 +127,15 @@ def length_bucket(length: Any) -> tuple[int, str]:
     return k, (str(lo) if lo == hi else f"{lo}-{hi}")
 
 
+#: A key or text field a record does not set (no eps, no chunk size, no error), as the tables hold it: shown so
+#: in Markdown, written empty in CSV and null in JSON (`_write_csv`, `table_records`), as docs/reports.md says.
+MISSING_KEY = "-"
+
+
 def _key_text(value: Any) -> str:
-    """A cell key's text: '-' for None, the shortest exact repr for floats, str otherwise."""
+    """A cell key's text: `MISSING_KEY` for None, the shortest exact repr for floats, str otherwise."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
+        return MISSING_KEY
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, float):
@@ -369,14 +374,19 @@ def failure_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             "kernel": _key_text(r.get("kernel")), "family": _key_text(r.get("family")),
             "dtype": _key_text(r.get("dtype")), "length": number(r.get("length")),
             "regime": _key_text(r.get("regime")), "eps": _key_text(r.get("eps")),
-            "chunk_size": _key_text(r.get("chunk_size")), "seed": number(r.get("seed")),
+            "chunk_size": _key_text(r.get("chunk_size")), "seed": _whole(r.get("seed")),
             "verdict": str(r.get("verdict")), "cause": _key_text(r.get("cause")),
             "cond_max": number(r.get("cond_max")), "max_abs": number(r.get("max_abs")),
             "onset_t": number(r.get("onset_t")), "nonfinite_class": _key_text(r.get("nonfinite_class")),
             "why": _key_text(r.get("why")), "error": _key_text(r.get("error")), "case": _key_text(r.get("case")),
             "replay": _key_text(r.get("replay")),
         })
-    return pd.DataFrame(rows, columns=list(FAILURE_COLUMNS))
+    return pd.DataFrame(rows, columns=list(FAILURE_COLUMNS), dtype=object)  # a seed stays an int (None beside it)
+
+
+def _whole(value: Any) -> int | None:
+    """An integer field as an int (a seed: up to 2**63, exact), None where it is not one."""
+    return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else None
 
 
 def report_tables(records: Sequence[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
@@ -386,8 +396,9 @@ def report_tables(records: Sequence[Mapping[str, Any]]) -> dict[str, pd.DataFram
 
 
 # ----------------------------------------------------------------------------------------- formatting
-def format_value(value: Any, spec: str = _MD_FLOAT, missing: str = "-") -> str:
-    """One table value as text: floats with ``spec`` (integral values as integers), NaN/None as ``missing``."""
+def format_value(value: Any, spec: str = _MD_FLOAT, missing: str = "-", whole_below: float = 1e6) -> str:
+    """One table value as text: floats with ``spec`` (integral values below ``whole_below`` as integers),
+    NaN/None as ``missing``."""
     if value is None:
         return missing
     if isinstance(value, (bool, np.bool_)):
@@ -400,7 +411,7 @@ def format_value(value: Any, spec: str = _MD_FLOAT, missing: str = "-") -> str:
             return missing
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
-        if v.is_integer() and abs(v) < 1e6:
+        if v.is_integer() and abs(v) < whole_below:
             return str(int(v))
         return spec.format(v)
     text = str(value)
@@ -429,7 +440,8 @@ def _json_value(value: Any) -> Any:
 def table_records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """A table as JSON-ready rows (floats to 6 significant digits, NaN -> null, inf -> "inf")."""
     cols = list(df.columns)
-    return [{c: _json_value(v) for c, v in zip(cols, row)} for row in df.itertuples(index=False, name=None)]
+    return [{c: None if isinstance(v, str) and v == MISSING_KEY else _json_value(v) for c, v in zip(cols, row)}
+            for row in df.itertuples(index=False, name=None)]
 
 
 def markdown_escape(text: str) -> str:
@@ -471,8 +483,16 @@ def table_markdown(df: pd.DataFrame, *, drop_constant: Sequence[str] = (), max_c
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+def _data_text(value: Any) -> str:
+    """One CSV value: missing (None, NaN, `MISSING_KEY`) empty, whole numbers exact up to 2**53 (as in JSON: a
+    10-digit seed was written as 1.58561e+09, session 24), other floats to 6 significant digits."""
+    if isinstance(value, str) and value == MISSING_KEY:
+        return ""
+    return format_value(value, _DATA_FLOAT, "", whole_below=2**53)
+
+
 def _write_csv(df: pd.DataFrame, path: Path) -> None:
-    out = pd.DataFrame({c: [format_value(v, _DATA_FLOAT, "") for v in df[c]] for c in df.columns},
+    out = pd.DataFrame({c: [_data_text(v) for v in df[c]] for c in df.columns},
                        columns=list(df.columns), dtype=object)
     path.write_text(out.to_csv(index=False, lineterminator="\n"), encoding="utf-8")
 

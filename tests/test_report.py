@@ -176,6 +176,24 @@ def test_report_json_holds_header_and_tables(report):
     assert len(doc["cells"]) == len(read_csv(report.cells_csv))
 
 
+def test_seeds_are_exact_and_missing_keys_empty_in_csv_and_null_in_json(tmp_path):
+    """A 10-digit seed was written as 1.58561e+09 in failures.csv (the inputs of another case), and a key a
+    record does not set (eps, chunk size) as the string "-" in CSV and JSON, where docs/reports.md promises
+    empty and null (a blind hunt, session 24)."""
+    seed = 1585613358
+    records = [make_record(verdict="divergent", cond=3.0, seed=seed, max_abs=27586752.0),
+               make_record(verdict="kernel_error", seed=2**62 + 1)]  # no metrics: a float column beside an int
+    paths = build_report(write_run(tmp_path / "run", records))
+    rows = read_csv(paths.failures_csv)
+    assert [r["seed"] for r in rows] == [str(seed), str(2**62 + 1)]
+    assert rows[0]["eps"] == rows[0]["chunk_size"] == rows[0]["error"] == "" and rows[0]["max_abs"] == "27586752"
+    doc = json.loads(paths.report_json.read_text())
+    assert [r["seed"] for r in doc["failures"]] == [seed, 2**62 + 1]
+    assert doc["failures"][0]["eps"] is None and doc["failures"][0]["error"] is None
+    assert {r["eps"] for r in read_csv(paths.cells_csv)} == {""} and {c["eps"] for c in doc["cells"]} == {None}
+    assert {r["worst_chunk_size"] for r in read_csv(paths.summary_csv)} == {""}
+
+
 @pytest.mark.parametrize("length, label", [(1, "1"), (2, "2-3"), (3, "2-3"), (4, "4-7"), (7, "4-7"),
                                            (64, "64-127"), (127, "64-127"), (128, "128-255"), (None, "?")])
 def test_length_buckets_are_powers_of_two(length, label):
