@@ -58,7 +58,8 @@ CAUSE_PHRASES: dict[str, str] = {
     "nondeterministic": "two calls gave different outputs",
 }
 
-#: Why the inputs leave the dtype's range, by the record's ``domain_cause`` (`harness.metrics`).
+#: Why a case is out of domain from a position on, by the record's ``domain_cause`` (`harness.metrics`): the
+#: inputs leave the dtype's range, or no digit is guaranteed there (`harness.plots` labels its figures so).
 DOMAIN_PHRASES: dict[str, str] = {
     "state": "the float64 state exceeds the dtype's max",
     "decay": "a product of decays exceeds the dtype's max",
@@ -67,6 +68,8 @@ DOMAIN_PHRASES: dict[str, str] = {
     "terms": "the sum of the terms' absolute values exceeds the dtype's max (the value is in range)",
     "near_overflow": "the output is within its error bound of the dtype's max",
     "oracle_nonfinite": "the float64 oracle itself is not finite",
+    "precision_exhausted": "no digit is guaranteed in the dtype (the rounding bound reaches the value's magnitude)",
+    "loop_nonfinite": "the plain sequential loop in the dtype is NaN/Inf there too",
 }
 
 #: What a verdict says about who is at fault, appended to its findings.

@@ -421,7 +421,7 @@ def plot_case(record: Mapping[str, Any], path: str | os.PathLike) -> Path | None
                    label="nothing compared (out of domain)")
     ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1.0, label="rounding bound (cond = 1)")
     marks = [("onset_t", "first mismatch", "tab:orange"), ("first_nonfinite_t", "first NaN/Inf in domain", "tab:red"),
-             ("domain_onset_t", "inputs leave the dtype's range", "tab:purple")]
+             ("domain_onset_t", "out of domain", "tab:purple")]
     for key, label, color in marks:
         if math.isfinite(_num(record.get(key))):
             t0 = _num(record.get(key))
@@ -494,8 +494,11 @@ def _case_message(record: Mapping[str, Any]) -> str:
     onset, nf, dom = (_num(record.get(k)) for k in ("onset_t", "first_nonfinite_t", "domain_onset_t"))
     cond = _num(record.get("cond_max"))
     parts = []
-    if math.isfinite(dom):
-        parts.append(f"the inputs leave the dtype's range at t={int(dom)}")
+    if math.isfinite(dom):  # what the record's domain cause says, not always the range (session 24)
+        from harness.findings import DOMAIN_PHRASES
+
+        cause = str(record.get("domain_cause") or "")
+        parts.append(f"out of domain from t={int(dom)}: {DOMAIN_PHRASES.get(cause, 'the inputs leave the dtype range')}")
     if math.isfinite(onset):
         parts.append(f"first mismatch at t={int(onset)}")
     if math.isfinite(nf):

@@ -313,3 +313,14 @@ def test_the_summary_shows_a_wrong_final_state_not_the_right_output_beside_it():
                dict(base, case="c", verdict="equivalent", cond_max=0.2)]
     row = summary_table(records).iloc[0]
     assert row["worst_case"] == "a" and row["worst_cond_max"] == pytest.approx(1.76e15)
+
+
+def test_a_case_figure_says_what_the_domain_cause_says():
+    """Every out-of-domain onset was titled "the inputs leave the dtype's range", a precision_exhausted one
+    too (no value leaves any range there: no digit is guaranteed; a blind hunt, session 24)."""
+    from harness.plots import _case_message
+
+    exhausted = _case_message({"domain_onset_t": 234, "domain_cause": "precision_exhausted", "cond_max": 0.5})
+    assert exhausted.startswith("out of domain from t=234: no digit is guaranteed") and "range" not in exhausted
+    state = _case_message({"domain_onset_t": 5, "domain_cause": "state"})
+    assert state == "out of domain from t=5: the float64 state exceeds the dtype's max"
