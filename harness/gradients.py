@@ -243,13 +243,16 @@ def cotangent(problem: Problem, shape: tuple[int, ...]) -> torch.Tensor:
 
 def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
                   forward: dict[str, Any] | None = None,
-                  inputs: dict[str, torch.Tensor] | None = None) -> list[dict[str, Any]]:
+                  inputs: dict[str, torch.Tensor] | None = None,
+                  after_divergent: bool = False) -> list[dict[str, Any]]:
     """One record per differentiated input (kernel ``<name>:grad[<input>]``), or the forward record
     when the forward output is not equivalent; none when the kernel's output is not differentiable.
 
     ``forward``: the forward record of this problem when it was already taken (`harness check`); it is
     then not run again, and not returned. ``inputs``: the case's inputs when they are not the problem's
     own draw (the float64 rerun of `_second_dtype`: a low-precision case's inputs, upcast exactly).
+    ``after_divergent``: take the gradients after a divergent forward too (`_second_dtype` only: a log-space
+    form's forward loses digits in the rerun's dtype as well, and its gradient's cause went unnamed).
     A divergent gradient is rerun in a second dtype to name its cause (`_second_dtype`).
     """
     from harness.metrics import NO_POSITIONS, measure
@@ -258,7 +261,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     given = forward is not None
     if forward is None:
         forward = run_case(spec, problem, options, inputs=inputs)
-    if not forward_judged(forward):
+    if not (forward_judged(forward) or (after_divergent and forward.get("verdict") == "divergent")):
         return [] if given else [forward]
     inputs = problem.make_inputs() if inputs is None else inputs
     names = tuple(n for n in problem.definition.grad_inputs if n in inputs)
@@ -485,15 +488,20 @@ def _second_dtype(spec: KernelSpec, problem: Problem, options: RunOptions, input
     other = "float64" if low else "float32"
     if spec.capabilities.runs(other, problem.device) is not None:
         return
-    again = {r.get("grad_of"): r for r in gradient_case(spec, problem.replace(dtype=other, tf32=False),
-                                                        rerun_options(options), inputs=inputs_in(other, inputs))}
+    taken = gradient_case(spec, problem.replace(dtype=other, tf32=False), rerun_options(options),
+                          inputs=inputs_in(other, inputs), after_divergent=True)
+    again = {r.get("grad_of"): r for r in taken}
     for record in records:
         if record["verdict"] != "divergent":
             continue
         there = again.get(record["grad_of"])
         record[f"{other}_verdict"] = None if there is None else there["verdict"]
         record[f"{other}_cond_max"] = None if there is None else there.get("cond_max")
-        if there is None or there.get("mode") != "grad":
+        if there is None or there.get("mode") != "grad":  # say the check could not be made, and why
+            forward = next((r for r in taken if r.get("mode") != "grad"), None)
+            if forward is not None:
+                record["why"] = (f"{record['why']}; no second-dtype check: the same case's forward in {other} is "
+                                 f"{forward['verdict']} ({str(forward.get('why') or forward['verdict'])[:160]})")
             continue
         wide, narrow = (there, record) if low else (record, there)
         if low and there["verdict"] == "equivalent":

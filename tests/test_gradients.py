@@ -949,3 +949,29 @@ def test_a_float64_gradient_that_shrinks_with_the_roundoff_is_precision_loss_not
     db = next(r for r in gradient_case(wrong, problem) if r.get("grad_of") == "b")
     assert db["verdict"] == "divergent" and db["cause"] == "kernel_bug", db["why"]
     assert db["float32_verdict"] == "equivalent" and db["cond_max"] > 1e3 * db["float32_cond_max"]
+
+
+def _log_space_retention(q, k, v):
+    """A correct parallel retention whose decays are exp(G_n - G_m), ``G`` the cumulative sum of log gamma over
+    the whole sequence, all in the input dtype: right algebra, digits lost as u * |G_n| (a blind hunt's kernel)."""
+    _, length, heads, dk = q.shape
+    qq, kk, vv = (x.transpose(1, 2) for x in (q, k, v))
+    log_gamma = torch.log(torch.tensor([1.0 - 2.0 ** (-5 - h) for h in range(heads)], dtype=q.dtype))
+    cum = torch.cumsum(log_gamma[:, None].expand(heads, length), dim=1)
+    mask = torch.ones(length, length, dtype=torch.bool).tril()
+    decay = torch.where(mask, torch.exp((cum[:, :, None] - cum[:, None, :]).masked_fill(~mask, 0)),
+                        torch.zeros((), dtype=q.dtype))
+    return (((qq @ kk.transpose(-1, -2)) * dk ** -0.5 * decay) @ vv).transpose(1, 2).contiguous()
+
+
+def test_a_lossy_gradient_is_named_when_the_rerun_s_forward_loses_digits_too():
+    """The second-dtype rerun took the gradients only after an equivalent forward; a log-space form's forward
+    in float64 is itself divergent (precision_loss), so its float32 gradient stayed a kernel_bug with no word
+    (a blind hunt, session 24: the same kernel's other gradients were precision_loss)."""
+    spec = KernelSpec(name="test.log_space_retention", family="retention", load=lambda: _log_space_retention,
+                      capabilities=Capabilities(dtypes=("float64", "float32"), autograd=True), source="test")
+    problem = Problem("retention", 1021, dtype="float32", batch=1, heads=4, dk=1, dv=33, regime="ramp", seed=923)
+    records = {r["grad_of"]: r for r in gradient_case(spec, problem)}
+    v = records["v"]
+    assert v["verdict"] == "divergent" and v["cause"] == "precision_loss", v["why"]
+    assert v["float64_verdict"] == "equivalent" and "the same inputs in float64 give an equivalent gradient" in v["why"]
