@@ -41,7 +41,7 @@ from harness import dtypes, families
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import (RunOptions, call_args, chunk_blocking, explains, factor_clause, factors_to_try,
+from harness.runner import (RunOptions, call_args, chunk_blocking, explains, factor_clause, factor_gains, factors_to_try,
                             half_precision_clause, inputs_in, output_shape, reference_trace, rerun_options, run_case)
 from harness.verdict import Verdict, domain_kind, judge
 from reference_impls.trace import Trace
@@ -446,7 +446,7 @@ def _constant_factor(problem: Problem, record: dict[str, Any], actual: torch.Ten
         div = measure(actual.detach(), bound.scaled(factor), dtype=precision, tf32=problem.tf32, baseline=low, length_axis=-1,
                       cond_threshold=options.policy.cond_threshold)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, div.cond_max
-        if explains(judge(div, options.policy)):
+        if explains(judge(div, options.policy)) and factor_gains(record.get("cond_max"), div.cond_max):
             record["cause"] = "constant_factor"
             record["why"] = f"{record['why']}; {factor_clause('gradient', factor, div.cond_max, meaning)}"
             return

@@ -637,7 +637,8 @@ def _constant_factor(problem: Problem, outputs: dict[str, Any], traces: dict[str
         cond_max, explained = _judge_at_factor(problem, outputs, traces, baselines, precision, options, factor,
                                                target)
         record["constant_factor"], record["constant_factor_cond_max"] = factor, cond_max
-        if explained:
+        if explained and factor_gains(record.get(f"{'final_state_' if target == 'final_state' else ''}cond_max"),
+                                      cond_max):
             return factor_clause(target.replace("_", " "), factor, cond_max, meaning)
     return None
 
@@ -684,6 +685,24 @@ def _typical_ratio_near(actual: torch.Tensor, exact: torch.Tensor, c: float) -> 
         return True
     typical = float((actual[big] / exact[big]).median())
     return abs(typical - c) < abs(typical - 1.0)
+
+
+#: How much a constant factor must shrink the cond error to be named: at most this times the error without it. A
+#: bound so wide that it admits a few percent of rescale (bfloat16, dk = 17) passed a one-head chunk-boundary
+#: slip at gamma = 0.96875, cond 1.0017 -> 0.998: "the state decayed once more than the definition", for ratios
+#: to the exact gradient from -4.1 to 14.2 (a blind hunt, session 24). A convention moves every element by the
+#: factor, and at it the error falls to rounding: by orders of magnitude.
+FACTOR_GAIN = 0.5
+
+
+def factor_gains(cond_before: Any, cond_at: float) -> bool:
+    """Whether judging at a factor shrank the cond error enough to name it (`FACTOR_GAIN`); a cond that could
+    not be measured (NaN, None) on either side does not stop it."""
+    try:
+        before, at = float(cond_before), float(cond_at)
+    except (TypeError, ValueError):
+        return True
+    return not at > FACTOR_GAIN * before
 
 
 def factor_clause(what: str, factor: float, cond_max: float, meaning: str) -> str:

@@ -296,3 +296,41 @@ def test_a_slip_at_a_few_elements_is_no_convention_whatever_its_least_squares_fa
     assert rec["n_mismatch"] == 1 and "constant_factor" not in rec
     negated = user_kernel_spec(scan_negated, family="linear_scan")
     assert run_case(negated, p)["cause"] == "constant_factor"
+
+
+def chunkwise_last_chunk_padded(q, k, v, chunk_size=16):
+    """Wrong: a chunkwise retention whose last partial chunk takes its cross-chunk decays as if it were
+    left-padded to a full chunk (gamma^(i + 1 + chunk - c) for gamma^(i + 1)); float32 work for half inputs."""
+    _, length, heads, dk = q.shape
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    qq, kk, vv = (x.to(work).transpose(1, 2) for x in (q, k, v))
+    log_gamma = torch.log(torch.tensor([1.0 - 2.0 ** (-5 - h) for h in range(heads)], dtype=torch.float64))
+    state = torch.zeros(q.shape[0], heads, dk, v.shape[-1], dtype=work)
+    outs = []
+    for start in range(0, length, chunk_size):
+        c = min(length, start + chunk_size) - start
+        qc, kc, vc = (x[:, :, start:start + c] for x in (qq, kk, vv))
+        i = torch.arange(c, dtype=torch.float64)
+        diff = i[:, None] - i[None, :]
+        inner_decay = (torch.exp(log_gamma[:, None, None] * diff.clamp(min=0)) * (diff >= 0)).to(work)
+        e = i + 1 + (chunk_size - c if c < chunk_size else 0)
+        cross = (qc * torch.exp(log_gamma[:, None] * e).to(work)[None, :, :, None]) @ state
+        outs.append((((qc @ kc.transpose(-1, -2)) * inner_decay) @ vc + cross) * dk ** -0.5)
+        key_decay = torch.exp(log_gamma[:, None] * (c - 1 - i)).to(work)[None, :, :, None]
+        state = torch.exp(log_gamma * c).to(work)[None, :, None, None] * state + (kc * key_decay).transpose(-1, -2) @ vc
+    return torch.cat(outs, dim=2).transpose(1, 2).to(q.dtype).contiguous()
+
+
+def test_a_factor_the_bound_barely_admits_is_not_named():
+    """A bfloat16 bound wide enough to admit a 3 % rescale (dk = 17) named a chunk-boundary slip's gradient
+    "0.96875 = gamma: the state decayed once more than the definition", cond 1.0017 -> 0.998, for per-element
+    ratios to the exact gradient from -4.1 to 14.2 (a blind hunt, session 24): a factor is named only where it
+    shrinks the cond error (`runner.FACTOR_GAIN`)."""
+    from harness.gradients import gradient_case
+
+    spec = user_kernel_spec(chunkwise_last_chunk_padded, family="retention")
+    problem = Problem("retention", 17, dtype="bfloat16", batch=1, heads=1, dk=17, dv=15, chunk_size=16,
+                      regime="trained", seed=832098)
+    v = {r["grad_of"]: r for r in gradient_case(spec, problem)}["v"]
+    assert v["verdict"] == "divergent" and v["cause"] == "kernel_bug", v["why"]
+    assert "constant factor" not in v["why"]
