@@ -187,20 +187,6 @@ def test_shrinking_never_grows_a_case(tmp_path_factory):
 
 
 
-def _loop_scan(a, b):
-    import torch
-
-    h, out = torch.zeros_like(b[..., 0]), []
-    for t in range(a.shape[-1]):
-        h = a[..., t] * h + b[..., t]
-        out.append(h)
-    return torch.stack(out, -1)
-
-
-def _loop_scan_in_float64(a, b):
-    return _loop_scan(a.double(), b.double()).to(a.dtype)
-
-
 def test_ci_draws_do_not_follow_the_kernel_s_errors():
     """Two correct versions of one kernel (the same name: an edit) are searched on the same cases at ci, so the
     gate compares like with like. Hypothesis's targeting (``target(cond_max)``) steered the second half of the
@@ -208,12 +194,12 @@ def test_ci_draws_do_not_follow_the_kernel_s_errors():
     other cases and failed the gate (a blind hunt, session 24); without the phase but with the calls, 19."""
     from hypothesis import Phase
 
-    from harness.api import search_phases, user_kernel_spec
+    from harness.api import search_phases
 
     assert Phase.target not in search_phases("ci") and Phase.target in search_phases("nightly")
     cases = []
-    for fn in (_loop_scan, _loop_scan_in_float64):
-        spec = dataclasses.replace(user_kernel_spec(fn, family="linear_scan"), name="user.an_edited_kernel")
+    for kernel in ("intree.sequential_scan", "intree.blelloch_scan"):  # a loop edited into a tree: other errors
+        spec = dataclasses.replace(registry.get(kernel), name="user.an_edited_kernel")
         result = check(spec, profile="ci", dtypes=("float32",), grad=False, save_counterexample=False)
         assert result.passed, result.message
         cases.append([record["case"] for record in result.records])
