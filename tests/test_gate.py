@@ -426,3 +426,28 @@ def test_without_a_policy_in_the_headers_the_records_thresholds_are_compared(tmp
         gate(base, loose)
     unmarked = write_run(tmp_path / "unmarked", baseline_records())  # records without the field: nothing to compare
     assert gate(base, unmarked).passed
+
+
+# ------------------------------------------------------------------------------ new failing cells
+def test_a_new_failing_cell_fails_where_the_baseline_passes_that_kernel_and_dtype(tmp_path):
+    """A kernel added divergent, or a dtype that crashes now, in cells the baseline never had, passed the gate
+    (listed as new; a blind hunt, session 24)."""
+    base = write_run(tmp_path / "base", baseline_records())
+    added = baseline_records() + [make_record("buggy", verdict="divergent", cond=40.0),
+                                  make_record("blelloch", dtype="float16", length=1024, verdict="kernel_error")]
+    result = gate(base, write_run(tmp_path / "new", added))
+    assert not result.passed and len(result.failures) == 2, result.failures
+    assert any(f.startswith("kernel=buggy family=linear_scan dtype=float32 length=64-127 regime=trained: new in "
+                            "this run and divergent") for f in result.failures), result.failures
+    assert any("dtype=float16 length=1024-2047" in f and "kernel_error" in f for f in result.failures)
+    passing = baseline_records() + [make_record("newcomer"), make_record("blelloch", length=1024)]
+    assert gate(base, write_run(tmp_path / "passing", passing)).passed  # new cells that pass: listed only
+
+
+def test_a_failure_the_baseline_knows_may_move_to_another_cell():
+    """A kernel and dtype that fail in the baseline too: a failing cell new by its length (a shrunk case of
+    another size) is the known failure, listed, not a new one."""
+    base = replace(baseline_records(), {"kernel": "blelloch", "dtype": "float16", "length": 16}, verdict="divergent")
+    new = base + [make_record("blelloch", dtype="float16", length=2, verdict="divergent")]
+    result = gate_records(base, new)
+    assert result.passed and any("length=2-3" in line for line in result.added), (result.failures, result.added)
