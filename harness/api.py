@@ -312,7 +312,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     from harness.gradients import gradient_case
     from harness.kernels import isolation as _isolation
     from harness.runner import RunOptions, run_case as _run_case
-    from harness.settings import PROFILES, active_profile, limits, register_profiles
+    from harness.settings import PROFILES, active_profile, limits, register_profiles, without_local_constants
     from harness.strategies import problems
     from harness.verdict import Judgement, Policy, Verdict, format_failure as _format_failure, judge
 
@@ -427,7 +427,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
 
     key_search(search, spec, target, profile, dtypes)
     try:
-        search()
+        with without_local_constants():  # the draws follow the seed, not the literals of the caller's code
+            search()
         result.failure = None
     except (DivergenceError, ExceptionGroup) as exc:
         exc, others = _reported(exc, first_failure[1] if len(first_failure) > 1 else False)

@@ -283,3 +283,25 @@ def test_the_detection_table_script_reads_records_without_the_later_fields():
     record = problem.to_dict()
     assert "scale" not in record  # left out at its default
     assert script._problem(record) == problem
+
+
+def test_ci_draws_do_not_use_the_literals_of_the_caller_s_code(tmp_path, monkeypatch):
+    """Hypothesis draws now and then a literal of any module it takes for local (the kernel author's files; the
+    harness when installed editable: 297, 509, 512, 1021 ...); one more unused constant in a kernel's file
+    moved the draws of a check (float64 L = 512 became 509; a blind hunt, session 24). `check` searches
+    without that pool (`harness.settings.without_local_constants`)."""
+    import importlib
+
+    from harness.settings import without_local_constants
+
+    providers = pytest.importorskip("hypothesis.internal.conjecture.providers")
+    if not hasattr(providers, "_get_local_constants"):
+        pytest.skip("this hypothesis version draws no constants of the caller's code")
+
+    (tmp_path / "tuned_kernel_constants.py").write_text("THRESHOLD = 1234567\nBLOCK = 7777\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("tuned_kernel_constants")
+    assert 1234567 in providers._get_local_constants().integers  # hypothesis's pool holds the caller's literals
+    with without_local_constants():
+        assert len(providers._get_local_constants().integers) == 0
+    assert 1234567 in providers._get_local_constants().integers  # put back afterwards
