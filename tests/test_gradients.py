@@ -975,3 +975,18 @@ def test_a_lossy_gradient_is_named_when_the_rerun_s_forward_loses_digits_too():
     v = records["v"]
     assert v["verdict"] == "divergent" and v["cause"] == "precision_loss", v["why"]
     assert v["float64_verdict"] == "equivalent" and "the same inputs in float64 give an equivalent gradient" in v["why"]
+
+
+def test_every_gradient_of_a_failing_case_is_kept():
+    """The backward that forgets the decay is wrong in da and db alike; the gradients after the first failing
+    one were dropped, so the report called db equivalent on the cases where da failed (a blind hunt, session
+    24: 48 records of da, 29 of db)."""
+    from harness.api import check
+
+    spec = _planted(_LeakyBackward.apply, "planted.leaky_backward")
+    result = check(spec, profile="ci", dtypes=("float64",), max_examples=6, save_counterexample=False)
+    assert not result.passed
+    cases = {of: {r["case"] for r in result.records if r.get("grad_of") == of} for of in ("a", "b")}
+    assert cases["a"] and cases["a"] == cases["b"], cases
+    failing_b = [r for r in result.records if r.get("grad_of") == "b" and r["verdict"] == "divergent"]
+    assert failing_b, "db is wrong wherever da is"
