@@ -324,3 +324,19 @@ def test_a_case_figure_says_what_the_domain_cause_says():
     assert exhausted.startswith("out of domain from t=234: no digit is guaranteed") and "range" not in exhausted
     state = _case_message({"domain_onset_t": 5, "domain_cause": "state"})
     assert state == "out of domain from t=5: the float64 state exceeds the dtype's max"
+
+
+def test_the_error_vs_length_title_counts_the_verdicts_of_every_case():
+    """46 divergent cases whose cond over their finite elements stayed below 1 (NaN elsewhere) were titled
+    "every kernel x dtype within the rounding bound" (a blind hunt, session 24)."""
+    from harness.plots import _by_series, _length_title
+
+    drawn = [make_record(length=L, cond=0.2) for L in (8, 64)] + [
+        make_record(length=128, verdict="divergent", cond=0.7),
+        make_record(length=512, regime="unstable", verdict="out_of_domain", cond=0.1)]
+    every = drawn + [make_record(length=1, verdict="divergent", cond=math.nan)]
+    title = _length_title("linear_scan", every, drawn, _by_series(drawn))
+    assert "within the rounding bound" not in title and title.startswith("linear_scan: 2 divergent of 5 cases"), title
+    assert "1 out of domain" in title and "1 not drawn" in title, title
+    clean = _length_title("linear_scan", drawn[:2], drawn[:2], _by_series(drawn[:2]))
+    assert clean.startswith("linear_scan: every kernel x dtype within the rounding bound"), clean
