@@ -67,12 +67,20 @@ def stamped(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
+    """The short commit of the git checkout at ``cwd``, with ``+dirty`` where its tracked files differ from it
+    (a run of edited, uncommitted kernel code said only the commit it was edited from; a blind hunt, session
+    24); None outside a checkout."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True,
                              timeout=5)
+        commit = out.stdout.strip()
+        if not commit:
+            return None
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                 capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return f"{commit}+dirty" if changed.returncode == 0 and changed.stdout.strip() else commit
 
 
 def environment(profile: str | None = None, command: str | None = None) -> dict[str, Any]:

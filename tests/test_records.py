@@ -4,6 +4,7 @@ refused, the cell key with device and TF32, and re-judging in the measured preci
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -116,3 +117,29 @@ def test_the_cli_gate_says_why_and_force_compares(tmp_path, capsys):
     assert main(["gate", str(new), "--baseline", str(base)]) == 2
     assert "different device families" in capsys.readouterr().err
     assert main(["gate", str(new), "--baseline", str(base), "--force"]) == 0
+
+
+def test_a_run_of_edited_uncommitted_code_says_so_in_its_commit(tmp_path):
+    """A header named only the commit the kernel code was edited from (a blind hunt, session 24)."""
+    import shutil
+    import subprocess
+
+    from harness.store import git_commit
+
+    if shutil.which("git") is None:
+        pytest.skip("no git here")
+    env = dict(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, env={**os.environ, **env})
+
+    (tmp_path / "scan.py").write_text("def scan(a, b):\n    return b\n")
+    git("init", "-q")
+    git("add", "scan.py")
+    git("commit", "-q", "-m", "a kernel")
+    clean = git_commit(tmp_path)
+    assert clean and "+" not in clean
+    (tmp_path / "untracked.txt").write_text("notes")  # not the code that ran
+    assert git_commit(tmp_path) == clean
+    (tmp_path / "scan.py").write_text("def scan(a, b):\n    return a * b\n")
+    assert git_commit(tmp_path) == f"{clean}+dirty"
