@@ -947,6 +947,10 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     """
     low = precision != "float64"
     other = "float64" if low else "float32"
+    lost = None if low else range_lost(inputs, other)
+    if lost is not None:  # the rerun would compare zeros (or infinities) with zeros: no evidence either way
+        return "kernel_bug", Judgement(judgement.verdict, f"{judgement.why}; no second-dtype check: {lost}",
+                                       judgement.rule)
     again = _rerun_in(other, spec, problem, inputs, options, kernel_fn, keep_output)
     record[f"{other}_verdict"] = again["verdict"]
     record[f"{other}_cond_max"] = again.get("cond_max")
@@ -979,6 +983,30 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
                   f"the form, not of the inputs: the exact state and output are in range)")
     why = f"{judgement.why}; precision loss: {found}{factor}"
     return "precision_loss", Judgement(judgement.verdict, why, judgement.rule)
+
+
+def range_lost(inputs: dict[str, torch.Tensor], dtype: str) -> str | None:
+    """Why ``inputs`` rounded to ``dtype`` are not the case's inputs any more, or None: an input more than half
+    of whose nonzero values underflow (to zero or below the smallest normal) or overflow there. A float64
+    ``tiny`` case's inputs (about 1e-76) are all zero in float32, and the second-dtype rerun on them, zeros in
+    and out, said nothing; the cause fell back to kernel_bug where the same kernel's ``trained`` cases were
+    precision_loss (a blind hunt's log-space retention, session 24)."""
+    info = torch.finfo(DTYPE_NAMES[dtype])
+    for name, x in inputs.items():
+        if not x.is_floating_point():
+            continue
+        x = x.detach().to("cpu", torch.float64)
+        nonzero = (x != 0) & torch.isfinite(x)
+        n = int(nonzero.sum())
+        if not n:
+            continue
+        y = x[nonzero].abs()
+        under, over = int((y < info.tiny).sum()), int((y > info.max).sum())
+        if 2 * (under + over) > n:
+            what = "underflow" if under >= over else "overflow"
+            return (f"{name} rounded to {dtype} loses {under + over} of its {n} nonzero values ({what}: the case's "
+                    f"inputs are out of {dtype}'s normal range, so its run there tells nothing)")
+    return None
 
 
 #: How much closer a float64 output must lie to the kernel's own float32 run (its inputs rounded to

@@ -990,3 +990,20 @@ def test_every_gradient_of_a_failing_case_is_kept():
     assert cases["a"] and cases["a"] == cases["b"], cases
     failing_b = [r for r in result.records if r.get("grad_of") == "b" and r["verdict"] == "divergent"]
     assert failing_b, "db is wrong wherever da is"
+
+
+def test_a_float64_case_whose_inputs_underflow_in_float32_says_its_second_dtype_check_was_not_made():
+    """A float64 ``tiny`` case's inputs (about 1e-76) are all zero in float32: the rerun there, zeros in and out,
+    was taken as evidence, and the log-space retention's cause fell back to a bare kernel_bug (a blind hunt,
+    session 24; its trained cases were precision_loss)."""
+    from harness.runner import range_lost, run_case
+
+    spec = KernelSpec(name="test.log_space_retention", family="retention", load=lambda: _log_space_retention,
+                      capabilities=Capabilities(dtypes=("float64", "float32"), autograd=True), source="test")
+    problem = Problem("retention", 2048, dtype="float64", batch=1, heads=2, dk=17, dv=51, regime="tiny", seed=51)
+    record = run_case(spec, problem)
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert "no second-dtype check: q rounded to float32 loses" in record["why"] and "underflow" in record["why"]
+    assert "float32_verdict" not in record  # no rerun made
+    assert range_lost({"q": torch.tensor([1e-76, 2.0, 3.0], dtype=torch.float64)}, "float32") is None  # one value of three: kept
+    assert "overflow" in range_lost({"v": torch.tensor([1e300, -1e300, 0.0], dtype=torch.float64)}, "float32")
