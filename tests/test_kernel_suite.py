@@ -1,9 +1,8 @@
 """The CI gate: every kernel the harness knows, across lengths, chunk sizes, eps, dtypes and regimes.
 
 One test per registered kernel, each one `harness.api.check` through the ``harness_check`` fixture: the
-same engine as `harness check` and a user's own suite (the property search, `hypothesis.target` on
-the condition-normalized error, shrinking, the database key and the kernel-seeded ci draws), with every
-case recorded for the session's report. A divergent or contract-breaking case fails the test with the
+same engine as `harness check` and a user's own suite (the property search per dtype, shrinking, the
+database key and the kernel-seeded ci draws), with every case recorded for the session's report. A divergent or contract-breaking case fails the test with the
 shrunk case, which is written to the project's counterexamples folder (``cases/counterexamples/``
 here, or ``$HARNESS_CASES_DIR``) and replayed by `tests/test_saved_cases.py` on every run.
 """
@@ -19,6 +18,7 @@ from harness.errors import DivergenceError
 from harness.kernels.gated_forms import DIVERGENT_BY_DESIGN
 from harness.kernels.registry import all_kernels
 from harness.project import current
+from harness.settings import limits
 from tests.known_findings import FORWARD_FINDINGS
 
 # In-tree kernels divergent by design (gated_forms.DIVERGENT_BY_DESIGN): strict xfail, the search must find it.
@@ -53,4 +53,10 @@ def test_kernel_matches_oracle(spec, harness_check, tmp_path):
     cases = tmp_path if spec.name in DIVERGENT_BY_DESIGN or spec.name in KNOWN_FINDINGS else _cases_dir()
     # a kernel divergent by design only has to diverge: its failure is not shrunk (tens of seconds each)
     shrink = {"shrink_deadline_s": 0.0} if spec.name in DIVERGENT_BY_DESIGN else {}
-    harness_check(spec, grad=False, check_determinism=False, counterexample_dir=cases, **shrink)
+    # one search per dtype (the fixture's, as `harness check`), the profile's examples spread over them: the
+    # suite's cost stays that of one search, and no dtype gets one case of 25 by chance
+    runs = [d for d in spec.capabilities.dtypes if spec.capabilities.runs(d, "cpu") is None]
+    lim = limits()
+    each = -(-(lim.slow_max_examples if spec.capabilities.slow else lim.max_examples) // len(runs))
+    harness_check(spec, grad=False, check_determinism=False, counterexample_dir=cases, max_examples=max(2, each),
+                  **shrink)
