@@ -328,10 +328,14 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
             and not record.get("future_leak") and options.precision_counterfactual):
         t0 = time.perf_counter()
         found = _half_precision_outputs(problem, outputs, traces, options, record, precision)
+        hint = None if found is not None or cause != "kernel_bug" else _half_precision_hint(
+            problem, outputs, traces, options, record)
         timings["t_half_precision"] = time.perf_counter() - t0
         if found is not None:
             cause, judgement = "undeclared_precision", Judgement(judgement.verdict, f"{judgement.why}; {found}",
                                                                  judgement.rule)
+        elif hint is not None:
+            judgement = Judgement(judgement.verdict, f"{judgement.why}; {hint}", judgement.rule)
     if cause in ("kernel_bug", "precision_loss") and not record.get("future_leak") and chunked is not None:
         t0 = time.perf_counter()
         found = _chunked_bound(chunked, outputs, baselines, precision, options, record)
@@ -1136,6 +1140,26 @@ def _half_precision_outputs(problem: Problem, outputs: dict[str, Any], traces: d
     return half_precision_clause(outputs["output"], traces["output"].out,
                                  lambda half: _judge_outputs(problem, outputs, traces, None, half, options),
                                  record, precision)
+
+
+def _half_precision_hint(problem: Problem, outputs: dict[str, Any], traces: dict[str, Any], options: RunOptions,
+                         record: dict[str, Any]) -> str | None:
+    """The why's clause when a divergent float32/float64 output that is not all half-precision numbers lies well
+    inside float16's rounding bound (cond_max at most `HALF_HINT_COND` in its units), else None; the cause stays.
+    A state accumulated in float16 and read out in float32 was a bare kernel_bug (a blind hunt, session 24: cond
+    0.05 in float16's units): its outputs are float32 numbers, so `_half_precision_outputs` cannot name it. Not
+    bfloat16's bound: a retention decay one step off (3%) lies inside it (cond 0.26-0.34), as it does not in
+    float16's."""
+    div, judgement = _judge_outputs(problem, outputs, traces, None, "float16", options)
+    record.setdefault("float16_bound_cond_max", div.cond_max)
+    if judgement.verdict is not Verdict.EQUIVALENT or not div.cond_max <= HALF_HINT_COND:
+        return None
+    return (f"well within float16's rounding bound (cond_max {div.cond_max:.3g} in float16's units): part of it may "
+            "compute in float16 (an accumulator, a state, a decay table), or a mistake is that small")
+
+
+#: How far inside float16's bound a float32/float64 output must lie for `_half_precision_hint` to name float16.
+HALF_HINT_COND = 0.25
 
 
 def _finish(record: dict[str, Any], judgement: Judgement, *, cause: str, timings: dict[str, float]) -> None:

@@ -612,3 +612,34 @@ def _reports_the_mistake(result):
     other = "precision_loss" if reported == "kernel_bug" else "kernel_bug"
     assert f"The search also failed as divergent, {other}" in result.message, result.message
     assert any(r["dim"] >= 3 for r in result.records if r.get("cause") == "kernel_bug"), result.message
+
+
+def _retention_state_in_float16(q, k, v):
+    """Wrong for float32/float64 inputs: a recurrent retention whose state is accumulated in float16 whatever the
+    input dtype, read out in float32 (its outputs are float32 numbers, not float16 ones)."""
+    batch, length, heads, dk = q.shape
+    gamma = torch.tensor(retnet_gammas(heads), dtype=torch.float16)[None, :, None, None]
+    state = torch.zeros(batch, heads, dk, v.shape[-1], dtype=torch.float16)
+    out = torch.empty(batch, length, heads, v.shape[-1], dtype=q.dtype)
+    for t in range(length):
+        state = gamma * state + (k[:, t, :, :, None] * v[:, t, :, None, :]).to(torch.float16)
+        out[:, t] = (torch.einsum("bhi,bhij->bhj", q[:, t].float(), state.float()) * dk ** -0.5).to(q.dtype)
+    return out
+
+
+def test_a_state_accumulated_in_float16_is_hinted_and_a_wrong_decay_is_not():
+    """A float16 state under float32 inputs was a bare kernel_bug (a blind hunt, session 24): its outputs are float32
+    numbers, so undeclared_precision cannot name it, but they lie well inside float16's bound (cond 0.05). A decay
+    one step off (3%) lies inside bfloat16's bound, not float16's: no hint."""
+    from tests.planted.bugs import retention_recurrent_decay_after_add
+
+    problem = Problem("retention", 64, dtype="float32", batch=1, heads=2, dk=8, dv=8, seed=0)
+    spec = KernelSpec(name="test.state_in_float16", family="retention", load=lambda: _retention_state_in_float16,
+                      capabilities=Capabilities(dtypes=("float64", "float32")), source="test")
+    record = run_case(spec, problem)
+    assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
+    assert "well within float16's rounding bound" in record["why"] and record["float16_bound_cond_max"] <= 0.25
+    wrong = KernelSpec(name="test.decay_after_add", family="retention", load=lambda: retention_recurrent_decay_after_add,
+                       capabilities=Capabilities(dtypes=("float64", "float32")), source="test")
+    record = run_case(wrong, problem)
+    assert record["verdict"] == "divergent" and "float16's rounding bound" not in record["why"], record["why"]
