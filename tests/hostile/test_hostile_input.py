@@ -706,6 +706,19 @@ def test_check_names_a_wrong_argument_type_from_python():
     assert result.passed and {r["cond_threshold"] for r in result.records} == {4.0}
 
 
+def _terminate(proc, within: float) -> str:
+    """SIGTERM to ``proc`` and its stderr once it ended, or an AssertionError when it did not within ``within`` s."""
+    import signal
+    import subprocess
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=within)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the harness did not end within {within:g} s of SIGTERM") from None
+
+
 def test_a_stop_during_start_up_exits_130(tmp_path):
     """A SIGTERM before the handler was installed (torch's import, the workers' server: the first seconds of
     `harness check`) ended the process with 143 and no word, not the documented 130 (verification 23). Start-up
@@ -731,12 +744,7 @@ def test_a_stop_during_start_up_exits_130(tmp_path):
     deadline = time.monotonic() + 60
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError("the harness did not end within 60 s of SIGTERM") from None
+    err = _terminate(proc, within=60)
     assert ready.exists() and proc.returncode == 130 and "terminated (SIGTERM)" in err, (proc.returncode, err[-2000:])
     assert not (tmp_path / "run").exists()  # stopped before its run directory was made
 
@@ -755,10 +763,5 @@ def test_a_stop_while_a_kernel_s_module_hangs_in_its_import_ends_the_command(tmp
     proc = subprocess.Popen([sys.executable, "-m", "harness", *check_args(tmp_path, kernel=f"{path}:k")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(8)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError("the harness did not end within 30 s of SIGTERM") from None
+    err = _terminate(proc, within=30)
     assert proc.returncode == 130 and "terminated (SIGTERM)" in err, (proc.returncode, err[-2000:])
