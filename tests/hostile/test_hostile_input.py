@@ -723,7 +723,6 @@ def test_a_stop_during_start_up_exits_130(tmp_path):
     """A SIGTERM before the handler was installed (torch's import, the workers' server: the first seconds of
     `harness check`) ended the process with 143 and no word, not the documented 130 (verification 23). Start-up
     is held at its Triton step until the signal has been sent, so the signal lands there."""
-    import signal
     import subprocess
     import sys
     import time
@@ -753,7 +752,6 @@ def test_a_stop_while_a_kernel_s_module_hangs_in_its_import_ends_the_command(tmp
     """SIGTERM while the worker was still importing a module that hangs: the stop was said, and then the exit
     waited on that worker for ever (it was no worker of the pool yet, so nothing let it go; a verification run,
     session 22). The worker is closed when its start is interrupted."""
-    import signal
     import subprocess
     import sys
     import time
