@@ -485,13 +485,13 @@ def _replay_kernel(kernel: str, family: str):
 
 def cmd_report(args) -> int:
     from harness.report import build_report, summary_markdown
-    from harness.store import load_records
+    from harness.store import load_header, load_records
 
     records = load_records(args.run_dir)
     if not records:
         raise InvalidArgument(f"run_dir={args.run_dir!r} holds no records (records*.jsonl)")
     paths = build_report(args.run_dir, args.out)
-    print(summary_markdown(records))
+    print(summary_markdown(records, load_header(args.run_dir)))
     print(f"\nreport: {getattr(paths, 'index', paths)}")
     return EXIT_OK
 
