@@ -314,17 +314,33 @@ def _grown(row: Mapping[str, Any], terms: Sequence[FailOn]) -> list[str]:
     out = []
     for term in terms:
         bv, nv = row[f"base_{term.metric}"], row[f"new_{term.metric}"]
-        if _grew(term, bv, nv, row["dtype"]):
-            ratio = row[f"ratio_{term.metric}"]
-            if math.isfinite(ratio):
-                how = "x" + format_value(ratio, "{:.3g}")
-            elif isinstance(nv, (int, float)) and math.isfinite(nv):
-                how = "from 0: no finite ratio"  # a baseline of exactly 0 (float64 bits equal), now not
-            else:
-                how = "to a non-finite value"
-            out.append(f"{term.metric} grew {format_value(bv, '{:.3g}')} -> {format_value(nv, '{:.3g}')} "
-                       f"({how}; allowed {term.factor:g}x by '{term.term}')")
+        if not _grew(term, bv, nv, row["dtype"]):
+            continue
+        if _unmeasured(nv, row["new_verdict"]):
+            out.append(f"{term.metric} {format_value(bv, '{:.3g}')} -> not measured (the cell is kernel_error now "
+                       f"and none of its cases holds a {term.metric})")
+        else:
+            out.append(_growth_message(term, bv, nv, row[f"ratio_{term.metric}"]))
     return out
+
+
+def _unmeasured(new: float, new_verdict: str) -> bool:
+    """Whether a cell's new value is missing because its cases raised: a kernel_error cell holds no number
+    (a blind hunt read "cond_max grew 0.178 -> - (to a non-finite value ...)" where nothing was measured)."""
+    return new_verdict == "kernel_error" and math.isnan(new)
+
+
+def _growth_message(term: FailOn, base: float, new: float, ratio: float) -> str:
+    """``cond_max grew 0.2 -> 0.9 (x4.5; allowed 1.5x by 'cond:1.5x')``; a new NaN (measured as NaN: a missing
+    value is `_unmeasured`) reads ``nan``, not the tables' ``-``."""
+    if math.isfinite(ratio):
+        how = "x" + format_value(ratio, "{:.3g}")
+    elif isinstance(new, (int, float)) and math.isfinite(new):
+        how = "from 0: no finite ratio"  # a baseline of exactly 0 (float64 bits equal), now not
+    else:
+        how = "to a non-finite value"
+    return (f"{term.metric} grew {format_value(base, '{:.3g}')} -> {format_value(new, '{:.3g}', missing='nan')} "
+            f"({how}; allowed {term.factor:g}x by '{term.term}')")
 
 
 def _change_lines(row: Mapping[str, Any]) -> list[str]:

@@ -130,6 +130,21 @@ def test_growth_from_an_exact_zero_is_not_called_non_finite():
     assert "0 -> inf (to a non-finite value;" in inf.failures[0]
 
 
+def test_a_cell_that_now_raises_is_not_measured_not_non_finite():
+    """equivalent -> kernel_error: the raising cases hold no metric, and the message read "cond_max grew 0.2 -> -
+    (to a non-finite value; ...)", as if the kernel had returned NaN (a blind hunt, session 24)."""
+    raised = make_record(verdict="kernel_error", outcome="raised", error="RuntimeError: boom")
+    for metric in ("cond_max", "max_abs", "max_rel", "ulp_p99", "rms_ratio", "baseline_ratio"):
+        del raised[metric]
+    result = gate_records([make_record()], [raised], "cond:1.5x")
+    assert not result.passed
+    assert result.failures == ["kernel=blelloch family=linear_scan dtype=float32 length=64-127 regime=trained: "
+                               "verdict equivalent -> kernel_error (baseline 1 cases, now 1); cond_max 0.2 -> not "
+                               "measured (the cell is kernel_error now and none of its cases holds a cond_max)"]
+    nan = gate_records([make_record()], [make_record(verdict="divergent", cond_max=math.nan)], "cond:1.5x")
+    assert "cond_max grew 0.2 -> nan (to a non-finite value;" in nan.failures[0]  # measured as NaN
+
+
 def test_missing_cells_are_reported_and_fail_only_when_asked(tmp_path):
     base = write_run(tmp_path / "base", baseline_records())
     fewer = [r for r in baseline_records() if r["kernel"] != "sequential"] + [make_record("new_kernel")]
