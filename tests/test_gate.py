@@ -158,6 +158,38 @@ def test_missing_cells_are_reported_and_fail_only_when_asked(tmp_path):
     assert not strict.passed and len(strict.failures) == 6
 
 
+def test_a_kernel_only_in_one_run_is_one_line_per_kernel(tmp_path, capsys):
+    """A kernel added to a run was listed as 150 "new in this run" lines (50 shown, "... 100 more") and a removed
+    one as 150 "missing" lines (a blind hunt, session 24): one line per kernel says it. A new cell of a kernel on
+    both sides (a length not drawn before) keeps its own line; `GateResult.added` / ``missing`` stay per cell."""
+    from harness.cli import main
+
+    base = write_run(tmp_path / "base", baseline_records())
+    fresh = [make_record("fresh", dtype=d, length=L, verdict="out_of_domain" if L == 256 else "equivalent")
+             for d in ("float32", "bfloat16") for L in (16, 64, 256)]
+    new_recs = [r for r in baseline_records() if r["kernel"] != "sequential"] + fresh + [
+        make_record("blelloch", length=1024)]
+    new = write_run(tmp_path / "new", new_recs)
+    result = gate(base, new)
+    assert result.passed and len(result.added) == 7 and len(result.missing) == 6
+    lines = result.summary_markdown().splitlines()
+    assert lines[lines.index("**New cells (only in this run)** (7)") + 1:] == [
+        "",
+        "- kernel fresh: new in this run (6 cells, 6 cases, 2 dtypes: bfloat16, float32; worst verdict "
+        "out_of_domain)",
+        "- kernel=blelloch family=linear_scan dtype=float32 length=1024-2047 regime=trained: new in this run "
+        "(1 cases, equivalent)",
+        "",
+        "**Missing cells (only in the baseline)** (6)",
+        "",
+        "- kernel sequential: in the baseline (6 cells, 6 cases, 2 dtypes: float16, float32; worst verdict "
+        "equivalent), not in this run",
+    ]
+    assert main(["diff", str(base), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "- kernel fresh: new in this run (6 cells" in out and "kernel=fresh" not in out
+
+
 def test_runs_with_no_cell_in_common_fail():
     result = gate_records(baseline_records(), [make_record("other_kernel")])
     assert not result.passed
