@@ -70,8 +70,8 @@ REPORT_FILES: tuple[str, ...] = ("index.md", "summary.csv", "cells.csv", "growth
                                  "report.json")
 
 #: Header fields shown in index.md, in order.
-HEADER_FIELDS: tuple[str, ...] = ("harness_version", "torch", "python", "device", "cuda", "git_commit", "profile",
-                                  "platform", "command", "started")
+HEADER_FIELDS: tuple[str, ...] = ("harness_version", "harness_commit", "torch", "python", "device", "cuda",
+                                  "git_commit", "profile", "platform", "command", "started")
 
 _MD_FLOAT = "{:.3g}"
 _DATA_FLOAT = "{:.6g}"

@@ -316,6 +316,14 @@ def test_a_partial_run_says_so_first_in_the_index_and_the_printed_summary(tmp_pa
     assert summary_markdown(sample_records(), load_header(complete)).startswith("**29 cases**")
 
 
+def test_the_run_table_shows_the_harness_commit_beside_its_version():
+    from harness.report import header_markdown
+
+    rows = header_markdown({**HEADER, "harness_commit": "f00ba12+dirty"}).splitlines()[2:]
+    assert [r.split("|")[1].strip() for r in rows[:3]] == ["harness_version", "harness_commit", "torch"]
+    assert "f00ba12+dirty" in rows[1]
+
+
 def test_step_summary_is_appended_when_the_variable_is_set(tmp_path):
     target = tmp_path / "step_summary.md"
     target.write_text("earlier step\n")
