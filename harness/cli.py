@@ -468,6 +468,11 @@ def cmd_replay(args) -> int:
     for key in keys:
         if record.get(key) is not None:
             print(f"{key:>16}: {record[key]}")
+    if record["verdict"] in FAILING_VERDICTS:  # what `check` printed of this case, not only its fields
+        from harness.api import call_context, failure_message
+
+        print("\n" + failure_message(record, _policy(args), replay=record.get("replay"),
+                                     context=call_context(record, problem)))
     if expect is not None and record["verdict"] != expect:
         print(f"\nexpected verdict {expect!r}, got {record['verdict']!r}")
         return EXIT_FAIL
