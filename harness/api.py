@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from harness.errors import DivergenceError, InvalidArgument
 from harness.kernels.contract import ALL_DTYPES, Capabilities, Family, KernelSpec
@@ -314,7 +314,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     from harness.runner import RunOptions, run_case as _run_case
     from harness.settings import PROFILES, active_profile, limits, register_profiles, without_local_constants
     from harness.strategies import problems
-    from harness.verdict import Judgement, Policy, Verdict, format_failure as _format_failure, judge
+    from harness.verdict import Policy
 
     _isolation.refuse_in_worker("harness.check")
     register_profiles()
@@ -360,7 +360,6 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     first_failure: list = []  # when the first failure was seen (the shrink phase starts there), and its kind
 
     run_case = _with_gradients(_run_case, gradient_case, spec, result, store) if grad else _run_case
-    format_failure = _naming_gradients(_format_failure)
 
     def fail(record: dict[str, Any]):
         result.failure = record
@@ -370,21 +369,14 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
             import shlex
 
             replay = f"harness replay {shlex.quote(str(path))} --kernel {shlex.quote(target)}"
-        judgement = judge(record, options.policy)
-        if judgement.verdict.value != record["verdict"]:  # a second target (the final state) judged the case
-            judgement = Judgement(Verdict(record["verdict"]), record["why"], "final_state")
-        elif record.get("why"):  # the run's why: it carries the counterfactuals (eps, float64, future leak)
-            judgement = Judgement(judgement.verdict, record["why"], judgement.rule)
         context: list[str] = []
         named = named_on_larger_cases(record, result.records)
         if named:
             context.append(named)
         problem = problem_of.get(record.get("case"))
-        if problem is not None:  # what the kernel was handed (grouped B and C, a chunk size, a state), not only the output
-            context.append(f"Call: {problem.describe_call()}")
-            hint = problem.definition.contract_hint(problem) if record["verdict"] == "kernel_error" else None
-            context += [f"Hint: {hint}"] if hint else []
-        message = format_failure(record, judgement, replay=replay, context=context)
+        if problem is not None:
+            context += call_context(record, problem)
+        message = failure_message(record, options.policy, replay=replay, context=context)
         error = DivergenceError(message)
         error.record = record
         return error
@@ -621,6 +613,29 @@ def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpe
         return last
 
     return run
+
+
+def failure_message(record: dict[str, Any], policy, *, replay: str | None = None,
+                    context: Sequence[str] = ()) -> str:
+    """The message of a failing case's ``record`` (`harness.verdict.format_failure`: worst element with ACTUAL and
+    DESIRED, bound, onset, the baseline loop, ``context`` lines and the ``replay`` line), judged under ``policy``
+    with the record's own verdict and why. One definition for `check`'s failure and `harness replay`, which
+    printed only a few fields of the case `check` had explained (a blind hunt, session 24)."""
+    from harness.verdict import Judgement, Verdict, format_failure, judge
+
+    judgement = judge(record, policy)
+    if judgement.verdict.value != record["verdict"]:  # a second target (the final state) judged the case
+        judgement = Judgement(Verdict(record["verdict"]), record["why"], "final_state")
+    elif record.get("why"):  # the run's why: it carries the counterfactuals (eps, float64, future leak)
+        judgement = Judgement(judgement.verdict, record["why"], judgement.rule)
+    return _naming_gradients(format_failure)(record, judgement, replay=replay, context=context)
+
+
+def call_context(record: dict[str, Any], problem) -> list[str]:
+    """The failure message's lines about what the kernel was handed (grouped B and C, a chunk size, a state), not
+    only the output: ``Call: ...``, and for a kernel_error the family's ``Hint: ...`` on its contract."""
+    hint = problem.definition.contract_hint(problem) if record.get("verdict") == "kernel_error" else None
+    return [f"Call: {problem.describe_call()}"] + ([f"Hint: {hint}"] if hint else [])
 
 
 def _naming_gradients(format_failure: Callable) -> Callable:

@@ -468,6 +468,11 @@ def cmd_replay(args) -> int:
     for key in keys:
         if record.get(key) is not None:
             print(f"{key:>16}: {record[key]}")
+    if record["verdict"] in FAILING_VERDICTS:  # what `check` printed of this case, not only its fields
+        from harness.api import call_context, failure_message
+
+        print("\n" + failure_message(record, _policy(args), replay=record.get("replay"),
+                                     context=call_context(record, problem)))
     if expect is not None and record["verdict"] != expect:
         print(f"\nexpected verdict {expect!r}, got {record['verdict']!r}")
         return EXIT_FAIL
@@ -485,13 +490,13 @@ def _replay_kernel(kernel: str, family: str):
 
 def cmd_report(args) -> int:
     from harness.report import build_report, summary_markdown
-    from harness.store import load_records
+    from harness.store import load_header, load_records
 
     records = load_records(args.run_dir)
     if not records:
         raise InvalidArgument(f"run_dir={args.run_dir!r} holds no records (records*.jsonl)")
     paths = build_report(args.run_dir, args.out)
-    print(summary_markdown(records))
+    print(summary_markdown(records, load_header(args.run_dir)))
     print(f"\nreport: {getattr(paths, 'index', paths)}")
     return EXIT_OK
 

@@ -314,17 +314,33 @@ def _grown(row: Mapping[str, Any], terms: Sequence[FailOn]) -> list[str]:
     out = []
     for term in terms:
         bv, nv = row[f"base_{term.metric}"], row[f"new_{term.metric}"]
-        if _grew(term, bv, nv, row["dtype"]):
-            ratio = row[f"ratio_{term.metric}"]
-            if math.isfinite(ratio):
-                how = "x" + format_value(ratio, "{:.3g}")
-            elif isinstance(nv, (int, float)) and math.isfinite(nv):
-                how = "from 0: no finite ratio"  # a baseline of exactly 0 (float64 bits equal), now not
-            else:
-                how = "to a non-finite value"
-            out.append(f"{term.metric} grew {format_value(bv, '{:.3g}')} -> {format_value(nv, '{:.3g}')} "
-                       f"({how}; allowed {term.factor:g}x by '{term.term}')")
+        if not _grew(term, bv, nv, row["dtype"]):
+            continue
+        if _unmeasured(nv, row["new_verdict"]):
+            out.append(f"{term.metric} {format_value(bv, '{:.3g}')} -> not measured (the cell is kernel_error now "
+                       f"and none of its cases holds a {term.metric})")
+        else:
+            out.append(_growth_message(term, bv, nv, row[f"ratio_{term.metric}"]))
     return out
+
+
+def _unmeasured(new: float, new_verdict: str) -> bool:
+    """Whether a cell's new value is missing because its cases raised: a kernel_error cell holds no number
+    (a blind hunt read "cond_max grew 0.178 -> - (to a non-finite value ...)" where nothing was measured)."""
+    return new_verdict == "kernel_error" and math.isnan(new)
+
+
+def _growth_message(term: FailOn, base: float, new: float, ratio: float) -> str:
+    """``cond_max grew 0.2 -> 0.9 (x4.5; allowed 1.5x by 'cond:1.5x')``; a new NaN (measured as NaN: a missing
+    value is `_unmeasured`) reads ``nan``, not the tables' ``-``."""
+    if math.isfinite(ratio):
+        how = "x" + format_value(ratio, "{:.3g}")
+    elif isinstance(new, (int, float)) and math.isfinite(new):
+        how = "from 0: no finite ratio"  # a baseline of exactly 0 (float64 bits equal), now not
+    else:
+        how = "to a non-finite value"
+    return (f"{term.metric} grew {format_value(base, '{:.3g}')} -> {format_value(new, '{:.3g}', missing='nan')} "
+            f"({how}; allowed {term.factor:g}x by '{term.term}')")
 
 
 def _change_lines(row: Mapping[str, Any]) -> list[str]:
@@ -342,10 +358,41 @@ def _change_lines(row: Mapping[str, Any]) -> list[str]:
     return [f"{label}: {'; '.join(parts)}"] if parts else []
 
 
+def _section_lines(table: pd.DataFrame, rows: pd.DataFrame, change: str) -> list[str]:
+    """The messages of one section of `changes_markdown` (``rows``: the cells of ``table`` with that ``change``):
+    one per cell (`_change_lines`), but a kernel wholly new or wholly missing says it in one line
+    (`_kernel_line`), first. A kernel added to a run was 150 "new in this run" lines, 50 shown (a blind hunt,
+    session 24)."""
+    records = rows.to_dict("records")
+    whole = _one_sided_kernels(table, change) if change in ("added", "missing") else set()
+    grouped = [_kernel_line(k, [r for r in records if r["kernel"] == k], change)
+               for k in dict.fromkeys(r["kernel"] for r in records) if k in whole]
+    return grouped + [m for row in records if row["kernel"] not in whole for m in _change_lines(row)]
+
+
+def _one_sided_kernels(table: pd.DataFrame, status: str) -> set[str]:
+    """The kernels all of whose cells in ``table`` have ``status`` (``added``: only in this run, ``missing``:
+    only in the baseline)."""
+    return {kernel for kernel, seen in table.groupby("kernel")["status"].agg(set).items() if seen == {status}}
+
+
+def _kernel_line(kernel: str, rows: Sequence[Mapping[str, Any]], status: str) -> str:
+    """``kernel k: new in this run (150 cells, 600 cases, 3 dtypes: bfloat16, float16, float32; worst verdict
+    equivalent)``, or ``kernel k: in the baseline (...), not in this run``."""
+    side = "new" if status == "added" else "base"
+    dtypes = sorted({str(r["dtype"]) for r in rows})
+    worst = max((str(r[f"{side}_verdict"]) for r in rows), key=severity)
+    what = (f"{len(rows)} cells, {sum(int(r[f'{side}_n']) for r in rows)} cases, {len(dtypes)} dtypes: "
+            f"{', '.join(dtypes)}; worst verdict {worst}")
+    return f"kernel {kernel}: new in this run ({what})" if side == "new" else \
+        f"kernel {kernel}: in the baseline ({what}), not in this run"
+
+
 def changes_markdown(table: pd.DataFrame, terms: Sequence[FailOn] = (), *, max_lines: int = 50,
                      extra_failures: Sequence[str] = ()) -> str:
     """What changed between two runs (a `diff_runs` table) as Markdown: a count line, then one section
-    per kind of change (`CHANGE_TITLES`), worse verdicts first; unchanged cells are counted, not listed."""
+    per kind of change (`CHANGE_TITLES`), worse verdicts first; unchanged cells are counted, not listed, and a
+    kernel only in one run is one line (`_section_lines`)."""
     counts = {c: int((table["change"] == c).sum()) if len(table) else 0 for c in CHANGES}
     compared = int((table["status"] == "both").sum()) if len(table) else 0
     threshold = ", ".join(t.term for t in terms) or "no metric terms"
@@ -364,7 +411,7 @@ def changes_markdown(table: pd.DataFrame, terms: Sequence[FailOn] = (), *, max_l
         rows = table[table["change"] == change] if len(table) else table
         if not len(rows):
             continue
-        messages = [m for row in rows.to_dict("records") for m in _change_lines(row)]
+        messages = _section_lines(table, rows, change)
         lines += ["", f"**{title}** ({len(rows)})", ""]
         lines += [f"- {m}" for m in messages[:max_lines]]
         if len(messages) > max_lines:

@@ -70,8 +70,8 @@ REPORT_FILES: tuple[str, ...] = ("index.md", "summary.csv", "cells.csv", "growth
                                  "report.json")
 
 #: Header fields shown in index.md, in order.
-HEADER_FIELDS: tuple[str, ...] = ("harness_version", "torch", "python", "device", "cuda", "git_commit", "profile",
-                                  "platform", "command", "started")
+HEADER_FIELDS: tuple[str, ...] = ("harness_version", "harness_commit", "torch", "python", "device", "cuda",
+                                  "git_commit", "profile", "platform", "command", "started")
 
 _MD_FLOAT = "{:.3g}"
 _DATA_FLOAT = "{:.6g}"
@@ -497,11 +497,26 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
     path.write_text(out.to_csv(index=False, lineterminator="\n"), encoding="utf-8")
 
 
-def headline(records: Sequence[Mapping[str, Any]]) -> str:
-    """``**12 cases**: 10 equivalent · 1 divergent · 1 out_of_domain · 0 kernel_error``."""
+def partial_line(header: Mapping[str, Any] | None) -> str:
+    """What a partial run says before anything else: its header's ``status`` (interrupted, or merged without
+    all its shards: `harness.store.mark_partial`, `harness.shard.merge_runs`); "" for a complete run.
+
+    A partial run's counts and findings read as a complete run's when only a row of the folded run table said
+    ``partial`` (a blind hunt, session 24)."""
+    if not (header or {}).get("partial"):
+        return ""
+    status = header.get("status") or "PARTIAL: partial: true in run.json"
+    return (f"**{markdown_escape(str(status))}**: the cases the run did not reach are in no table or count below "
+            "(docs/reports.md, \"Partial runs\")")
+
+
+def headline(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any] | None = None) -> str:
+    """``**12 cases**: 10 equivalent · 1 divergent · 1 out_of_domain · 0 kernel_error``, under `partial_line`
+    when ``header`` is a partial run's."""
     counts = verdict_counts(records)
     parts = " · ".join(f"{n} {v}" for v, n in counts.items())
-    return f"**{len(records)} cases**: {parts}"
+    partial = partial_line(header)
+    return (f"{partial}\n\n" if partial else "") + f"**{len(records)} cases**: {parts}"
 
 
 SHORT_SUMMARY_COLUMNS = ("kernel", "dtype", "n", *VERDICTS, "worst_verdict", "worst_cause", "worst_cond_max",
@@ -511,12 +526,13 @@ SHORT_SUMMARY_COLUMNS = ("kernel", "dtype", "n", *VERDICTS, "worst_verdict", "wo
 MAX_OPEN_SUMMARY_ROWS = 12
 
 
-def summary_markdown(records: Sequence[Mapping[str, Any]]) -> str:
-    """The headline (verdict counts) and the per kernel x dtype summary table, worst first, as Markdown."""
+def summary_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any] | None = None) -> str:
+    """The headline (verdict counts; a partial run's ``header`` says so first) and the per kernel x dtype
+    summary table, worst first, as Markdown."""
     if not records:
         return "_No harness records._"
     table = summary_table(records)
-    return (headline(records) + "\n\n" + table_markdown(table[list(SHORT_SUMMARY_COLUMNS)]) + "\n\n"
+    return (headline(records, header) + "\n\n" + table_markdown(table[list(SHORT_SUMMARY_COLUMNS)]) + "\n\n"
             + SUMMARY_CAPTION)
 
 
@@ -530,14 +546,16 @@ SUMMARY_CAPTION = ("_n: the records of the row, the shrink phase's cases include
 
 
 def run_summary_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any] | None = None) -> str:
-    """What `harness sweep` / `harness check` print: the findings, the sweep's declared tables
-    (`harness.answers`, from the header) and the summary table."""
+    """What `harness sweep` / `harness check` print: a partial run's `partial_line`, the findings, the sweep's
+    declared tables (`harness.answers`, from the header) and the summary table."""
     from harness.answers import answers_markdown
     from harness.findings import findings_markdown
 
     if not records:
         return "_No harness records._"
-    parts = ["**Findings**", "", findings_markdown(records), ""]
+    partial = partial_line(header)
+    parts = [partial, ""] if partial else []
+    parts += ["**Findings**", "", findings_markdown(records), ""]
     answers = answers_markdown(header or {}, records)
     if answers:
         parts += [answers, ""]
@@ -593,7 +611,7 @@ def _index_markdown(records: Sequence[Mapping[str, Any]], header: Mapping[str, A
 
     case_figures = case_figures or {}
     line = header_line(header)
-    parts = ["# Kernel equivalence report", "", headline(records) + (f" · {line}" if line else ""), ""]
+    parts = ["# Kernel equivalence report", "", headline(records, header) + (f" · {line}" if line else ""), ""]
 
     parts += ["## Findings", "", findings_markdown(records), ""]
     answers = answers_markdown(header, records)

@@ -27,7 +27,7 @@ from harness.errors import InvalidArgument
 T = TypeVar("T")
 
 #: Header fields that must be the same in every shard of one merged run.
-MUST_AGREE = ("harness_version", "torch", "python", "device", "cuda", "git_commit", "profile")
+MUST_AGREE = ("harness_version", "harness_commit", "torch", "python", "device", "cuda", "git_commit", "profile")
 
 #: Options of `harness check` and `harness sweep` (their argparse destinations) that say where a job writes
 #: or what it prints, not what it runs: the shards of one run differ in them, and in nothing else they

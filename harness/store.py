@@ -2,7 +2,7 @@
 
 Layout of a run directory::
 
-    run.json                  header: torch/python/device/git commit/harness version, profile, command
+    run.json                  header: torch/python/device/git commit/harness version and commit, profile, command
     records.jsonl             one JSON object per line, one line per case (written as it is measured)
     records-<worker>.jsonl    the same, from a pytest-xdist worker (merged by `load_records`)
 
@@ -83,6 +83,24 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
     return f"{commit}+dirty" if changed.returncode == 0 and changed.stdout.strip() else commit
 
 
+def harness_commit(package_dir: str | os.PathLike | None = None) -> str | None:
+    """The harness's own commit (`git_commit` of the checkout its package is tracked in, ``+dirty`` where its
+    tracked files are edited), None where the package is tracked by no checkout (installed from a wheel, into a
+    virtual environment inside the caller's project too). ``harness_version`` is static: two runs of different
+    harness code from an editable install had identical headers (a blind hunt, session 24).
+
+    ``package_dir`` defaults to the directory of this package."""
+    package = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parent
+    try:
+        tracked = subprocess.run(["git", "ls-files", "--", "__init__.py"], cwd=package, capture_output=True,
+                                 text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if tracked.returncode != 0 or not tracked.stdout.strip():
+        return None
+    return git_commit(package)
+
+
 def environment(profile: str | None = None, command: str | None = None) -> dict[str, Any]:
     """What a run's header records about the machine and the code."""
     import torch
@@ -97,6 +115,7 @@ def environment(profile: str | None = None, command: str | None = None) -> dict[
     return {
         "schema_version": SCHEMA_VERSION,
         "harness_version": __version__,
+        "harness_commit": harness_commit(),  # the harness's own code, where it runs from a checkout
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),

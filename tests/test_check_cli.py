@@ -233,6 +233,27 @@ def test_the_saved_counterexample_replays(wrong_run):
         assert "divergent" in replay.stdout, _out(replay)
 
 
+def test_a_replay_prints_the_failure_message_check_printed(wrong_run):
+    """`harness replay` printed the case's fields (verdict, cause, cond_max, ...) but not the message `check` had
+    printed for it: a kernel author replaying the case got less than the first report (a blind hunt, session 24).
+    The same worst element, ACTUAL and DESIRED, onset and classification come after the fields."""
+    tmp_path, kernel_file, proc = wrong_run
+    saved = next((tmp_path / "cases").glob("*.json"))
+    replay = harness(tmp_path, "replay", str(saved), "--kernel", f"{kernel_file.relative_to(tmp_path)}:"
+                     "loop_scan_stale_decay")
+    assert replay.returncode == 1, _out(replay)
+    fields, _, message = replay.stdout.partition("\n\n")
+    assert "verdict: divergent" in fields and "Mismatched elements" not in fields, _out(replay)
+    lines = message.splitlines()
+    assert lines[0].startswith("Kernel output diverges"), _out(replay)
+    checked = proc.stdout.splitlines()
+    for start in ("Worst element at ", "  ACTUAL   ", "  DESIRED  ", "Onset: ", "Classification: ", "Call: "):
+        line = next(ln for ln in lines if ln.startswith(start))
+        assert line in checked, (line, _out(proc))
+    assert lines[-3].startswith("Replay: harness replay --kernel "), _out(replay)
+    assert lines[-1] == "expected verdict 'equivalent', got 'divergent'", _out(replay)  # the file's expectation
+
+
 def test_the_printed_replay_line_names_the_kernel_target(wrong_run):
     tmp_path, kernel_file, proc = wrong_run
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("Replay: harness replay "))

@@ -51,6 +51,21 @@ def test_every_command_of_the_recipes_exists():
             assert words[0] in shipped, f"harness sweep {words[0]}: not a shipped sweep ({sorted(shipped)})"
 
 
+def test_no_step_writes_again_what_check_and_gate_write_to_the_step_summary():
+    """`harness check` and `harness gate` append their summary and outcome to ``$GITHUB_STEP_SUMMARY``
+    (`harness.report.append_step_summary`); a "Job summary" step that appended ``summary_markdown(...)`` and the
+    gate's output again showed the gate's outcome twice on the job page, and the doc said only the pytest plugin
+    writes it (a blind hunt, session 24)."""
+    text = DOC.read_text()
+    steps = [step for block in _yaml(text) for step in re.split(r"\n\s*- name: ", block)]
+    writers = [step for step in steps if "GITHUB_STEP_SUMMARY" in step]
+    assert writers, "the workflow says nothing on the job page when no baseline is committed"
+    for step in writers:
+        assert not re.search(r"summary_markdown|harness (check|gate)|gate\.txt", step), step
+    says = "`harness check` and `harness gate` append them to `$GITHUB_STEP_SUMMARY` themselves"
+    assert says in " ".join(text.split())
+
+
 def test_the_family_comment_names_every_family():
     from harness.kernels.names import Family
 

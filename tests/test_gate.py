@@ -130,6 +130,21 @@ def test_growth_from_an_exact_zero_is_not_called_non_finite():
     assert "0 -> inf (to a non-finite value;" in inf.failures[0]
 
 
+def test_a_cell_that_now_raises_is_not_measured_not_non_finite():
+    """equivalent -> kernel_error: the raising cases hold no metric, and the message read "cond_max grew 0.2 -> -
+    (to a non-finite value; ...)", as if the kernel had returned NaN (a blind hunt, session 24)."""
+    raised = make_record(verdict="kernel_error", outcome="raised", error="RuntimeError: boom")
+    for metric in ("cond_max", "max_abs", "max_rel", "ulp_p99", "rms_ratio", "baseline_ratio"):
+        del raised[metric]
+    result = gate_records([make_record()], [raised], "cond:1.5x")
+    assert not result.passed
+    assert result.failures == ["kernel=blelloch family=linear_scan dtype=float32 length=64-127 regime=trained: "
+                               "verdict equivalent -> kernel_error (baseline 1 cases, now 1); cond_max 0.2 -> not "
+                               "measured (the cell is kernel_error now and none of its cases holds a cond_max)"]
+    nan = gate_records([make_record()], [make_record(verdict="divergent", cond_max=math.nan)], "cond:1.5x")
+    assert "cond_max grew 0.2 -> nan (to a non-finite value;" in nan.failures[0]  # measured as NaN
+
+
 def test_missing_cells_are_reported_and_fail_only_when_asked(tmp_path):
     base = write_run(tmp_path / "base", baseline_records())
     fewer = [r for r in baseline_records() if r["kernel"] != "sequential"] + [make_record("new_kernel")]
@@ -141,6 +156,38 @@ def test_missing_cells_are_reported_and_fail_only_when_asked(tmp_path):
                             "new in this run (1 cases, equivalent)"]
     strict = gate(base, new, fail_on_missing=True)
     assert not strict.passed and len(strict.failures) == 6
+
+
+def test_a_kernel_only_in_one_run_is_one_line_per_kernel(tmp_path, capsys):
+    """A kernel added to a run was listed as 150 "new in this run" lines (50 shown, "... 100 more") and a removed
+    one as 150 "missing" lines (a blind hunt, session 24): one line per kernel says it. A new cell of a kernel on
+    both sides (a length not drawn before) keeps its own line; `GateResult.added` / ``missing`` stay per cell."""
+    from harness.cli import main
+
+    base = write_run(tmp_path / "base", baseline_records())
+    fresh = [make_record("fresh", dtype=d, length=L, verdict="out_of_domain" if L == 256 else "equivalent")
+             for d in ("float32", "bfloat16") for L in (16, 64, 256)]
+    new_recs = [r for r in baseline_records() if r["kernel"] != "sequential"] + fresh + [
+        make_record("blelloch", length=1024)]
+    new = write_run(tmp_path / "new", new_recs)
+    result = gate(base, new)
+    assert result.passed and len(result.added) == 7 and len(result.missing) == 6
+    lines = result.summary_markdown().splitlines()
+    assert lines[lines.index("**New cells (only in this run)** (7)") + 1:] == [
+        "",
+        "- kernel fresh: new in this run (6 cells, 6 cases, 2 dtypes: bfloat16, float32; worst verdict "
+        "out_of_domain)",
+        "- kernel=blelloch family=linear_scan dtype=float32 length=1024-2047 regime=trained: new in this run "
+        "(1 cases, equivalent)",
+        "",
+        "**Missing cells (only in the baseline)** (6)",
+        "",
+        "- kernel sequential: in the baseline (6 cells, 6 cases, 2 dtypes: float16, float32; worst verdict "
+        "equivalent), not in this run",
+    ]
+    assert main(["diff", str(base), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "- kernel fresh: new in this run (6 cells" in out and "kernel=fresh" not in out
 
 
 def test_runs_with_no_cell_in_common_fail():

@@ -143,3 +143,38 @@ def test_a_run_of_edited_uncommitted_code_says_so_in_its_commit(tmp_path):
     assert git_commit(tmp_path) == clean
     (tmp_path / "scan.py").write_text("def scan(a, b):\n    return a * b\n")
     assert git_commit(tmp_path) == f"{clean}+dirty"
+
+
+def test_the_header_names_the_harness_commit_where_the_harness_is_a_checkout(tmp_path):
+    """Two runs of different harness code (an editable install, edited between them) had identical headers:
+    ``harness_version`` is static (a blind hunt, session 24). A package no checkout tracks (a wheel installed
+    into an ignored virtual environment inside a project) has no harness commit, not the project's."""
+    import shutil
+    import subprocess
+
+    import harness
+    from harness.store import environment, git_commit, harness_commit
+
+    if shutil.which("git") is None:
+        pytest.skip("no git here")
+    env = dict(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, env={**os.environ, **env})
+
+    package, wheel = tmp_path / "harness", tmp_path / ".venv" / "site-packages" / "harness"
+    for folder in (package, wheel):
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text("__version__ = '0.1.0'\n")
+    (tmp_path / ".gitignore").write_text(".venv/\n")
+    git("init", "-q")
+    git("add", ".gitignore", "harness/__init__.py")
+    git("commit", "-q", "-m", "the harness")
+    clean = harness_commit(package)
+    assert clean and clean == git_commit(tmp_path) and "+" not in clean
+    assert harness_commit(wheel) is None and harness_commit(tmp_path / ".venv") is None
+    (package / "__init__.py").write_text("__version__ = '0.1.0'  # edited\n")
+    assert harness_commit(package) == f"{clean}+dirty"
+    assert environment()["harness_commit"] == harness_commit()
+    if harness_commit() is not None:  # this harness runs from a checkout: its own commit, not the cwd's
+        assert harness_commit() == git_commit(os.path.dirname(harness.__file__))

@@ -296,6 +296,34 @@ def test_summary_markdown_is_a_github_table_worst_first():
     assert summary_markdown([]) == "_No harness records._"
 
 
+def test_a_partial_run_says_so_first_in_the_index_and_the_printed_summary(tmp_path, capsys):
+    """An interrupted run (`mark_partial`) was marked only by a ``partial | True`` row of the folded run table:
+    its headline read "**29 cases**: ..." like a complete run's (a blind hunt, session 24)."""
+    from harness.cli import EXIT_OK, main
+    from harness.report import run_summary_markdown
+    from harness.store import load_header, mark_partial
+
+    run = write_run(tmp_path / "run", sample_records())
+    mark_partial(run, "terminated (SIGTERM)")
+    status = "**PARTIAL: terminated (SIGTERM) after 29 records**: the cases the run did not reach"
+    lines = build_report(run).index.read_text().splitlines()
+    assert lines[2].startswith(status) and lines[4].startswith("**29 cases**: 26 equivalent"), lines[:5]
+    assert run_summary_markdown(sample_records(), load_header(run)).startswith(status)
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == EXIT_OK
+    assert capsys.readouterr().out.startswith(status)
+    complete = write_run(tmp_path / "complete", sample_records())  # a complete run: nothing added
+    assert build_report(complete).index.read_text().splitlines()[2].startswith("**29 cases**")
+    assert summary_markdown(sample_records(), load_header(complete)).startswith("**29 cases**")
+
+
+def test_the_run_table_shows_the_harness_commit_beside_its_version():
+    from harness.report import header_markdown
+
+    rows = header_markdown({**HEADER, "harness_commit": "f00ba12+dirty"}).splitlines()[2:]
+    assert [r.split("|")[1].strip() for r in rows[:3]] == ["harness_version", "harness_commit", "torch"]
+    assert "f00ba12+dirty" in rows[1]
+
+
 def test_step_summary_is_appended_when_the_variable_is_set(tmp_path):
     target = tmp_path / "step_summary.md"
     target.write_text("earlier step\n")
