@@ -1151,7 +1151,6 @@ def _half_precision_hint(problem: Problem, outputs: dict[str, Any], traces: dict
     bfloat16's bound: a retention decay one step off (3%) lies inside it (cond 0.26-0.34), as it does not in
     float16's."""
     div, judgement = _judge_outputs(problem, outputs, traces, None, "float16", options)
-    record.setdefault("float16_bound_cond_max", div.cond_max)
     if judgement.verdict is not Verdict.EQUIVALENT or not div.cond_max <= HALF_HINT_COND:
         return None
     return (f"well within float16's rounding bound (cond_max {div.cond_max:.3g} in float16's units): part of it may "
