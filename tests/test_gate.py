@@ -114,6 +114,32 @@ def test_tiny_values_below_the_noise_floor_do_not_fail():
     assert noise_floor("max_abs", "float16") == pytest.approx(4 * 2.0**-11)
 
 
+def test_growth_inside_the_rounding_bound_says_so_and_growth_past_it_does_not():
+    """A switch between two correct algorithms moves cond_max by more than 1.5x, far inside the bound: the line
+    says the error stayed within what rounding allows, and how to accept it. Growth past the bound has no such
+    note."""
+    inside = gate_records([make_record(cond=0.06)], [make_record(cond=0.3)], "cond:1.5x")
+    assert not inside.passed
+    assert inside.failures[0].endswith("cond_max grew 0.06 -> 0.3 (x5; allowed 1.5x by 'cond:1.5x'; both inside the "
+                                       "rounding bound (cond <= 1): the error moved within what rounding allows, so "
+                                       "an intended change is accepted with `harness update-baseline`)")
+    past = gate_records([make_record(cond=0.6)], [make_record(cond=1.2)], "cond:1.5x")
+    assert past.failures[0].endswith("cond_max grew 0.6 -> 1.2 (x2; allowed 1.5x by 'cond:1.5x')")
+    rel = gate_records([make_record(max_rel=1e-3)], [make_record(max_rel=0.5)], "rel:2x")
+    assert "inside the rounding bound" not in rel.failures[0]  # said of cond only: the other metrics have no bound
+
+
+def test_grown_cells_are_listed_by_the_growth_they_print():
+    """Two grown cells: one whose watched cond_max grew x40, one whose cond_max grew x2 while an unwatched
+    metric grew x1000. The x40 cell comes first (it came second, ordered by the unwatched ratio)."""
+    base = [make_record(length=16, cond=0.1), make_record(length=256, cond=0.1)]
+    new = [make_record(length=16, cond=0.2, max_abs=10.0), make_record(length=256, cond=4.0)]
+    table = diff_runs(base, new, "cond:1.5x")
+    assert list(table["length_bucket"]) == ["256-511", "16-31"]
+    assert list(table["grown_ratio"]) == pytest.approx([40.0, 2.0])
+    assert table.iloc[1]["worst_ratio"] > table.iloc[0]["worst_ratio"]  # the order the unwatched metric set
+
+
 def test_non_finite_new_value_fails():
     result = gate_records([make_record()], [make_record(cond_max=math.inf)], "cond:1.5x")
     assert not result.passed and "0.2 -> inf" in result.failures[0]
