@@ -163,7 +163,7 @@ def _policy(args):
 
 
 def _finish_run(run_dir: Path, records: list[dict], *, quiet: bool = False) -> int:
-    from harness.report import append_step_summary, build_report, run_summary_markdown
+    from harness.report import append_step_summary, build_report, run_summary_markdown, terminal_text
     from harness.store import load_header, load_records
 
     build_report(run_dir)
@@ -173,7 +173,7 @@ def _finish_run(run_dir: Path, records: list[dict], *, quiet: bool = False) -> i
         summary += f"\n\n(this run added {len(records)} of the report's {len(in_report)} records: --append)"
     append_step_summary(summary)  # no-op unless $GITHUB_STEP_SUMMARY is set
     if not quiet:
-        print(summary)
+        print(terminal_text(summary))
         print(f"\nreport: {run_dir / 'index.md'}")
     failing = [r for r in records if r.get("verdict") in FAILING_VERDICTS]
     return EXIT_FAIL if failing else EXIT_OK
@@ -489,14 +489,14 @@ def _replay_kernel(kernel: str, family: str):
 
 
 def cmd_report(args) -> int:
-    from harness.report import build_report, summary_markdown
+    from harness.report import build_report, summary_markdown, terminal_text
     from harness.store import load_header, load_records
 
     records = load_records(args.run_dir)
     if not records:
         raise InvalidArgument(f"run_dir={args.run_dir!r} holds no records (records*.jsonl)")
     paths = build_report(args.run_dir, args.out)
-    print(summary_markdown(records, load_header(args.run_dir)))
+    print(terminal_text(summary_markdown(records, load_header(args.run_dir))))
     print(f"\nreport: {getattr(paths, 'index', paths)}")
     return EXIT_OK
 
@@ -513,6 +513,7 @@ def cmd_merge(args) -> int:
 
 def cmd_diff(args) -> int:
     from harness.gate import diff_markdown, diff_runs, partial_warnings
+    from harness.report import terminal_text
     from harness.store import load_header, load_records
 
     for name in ("base", "new"):
@@ -523,21 +524,21 @@ def cmd_diff(args) -> int:
         if not load_records(path):
             raise InvalidArgument(f"{name}={str(path)!r} holds no records (records*.jsonl); expected a run directory")
     warnings = partial_warnings(load_header(args.base), load_header(args.new)).values()
-    print(diff_markdown(diff_runs(load_records(args.base), load_records(args.new)), warnings=list(warnings)))
+    print(terminal_text(diff_markdown(diff_runs(load_records(args.base), load_records(args.new)),
+                                      warnings=list(warnings))))
     return EXIT_OK
 
 
 def cmd_gate(args) -> int:
     from harness.gate import gate
-
-    from harness.report import append_step_summary
+    from harness.report import append_step_summary, terminal_text
 
     baseline = args.baseline or _project(args).baseline_dir
     result = gate(baseline, args.run_dir, fail_on=args.fail_on, fail_on_missing=args.fail_on_missing,
                   allow_mismatch=args.allow_mismatch)
     summary = result.summary_markdown()
     append_step_summary(summary)
-    print(summary)
+    print(terminal_text(summary))
     return EXIT_OK if result.passed else EXIT_FAIL
 
 

@@ -103,8 +103,9 @@ class Finding:
     worst: float  # the worst cond_max (NaN: could not be measured; -inf: none)
     everything_else: bool = False  # the equivalent line of a run that has other findings
 
-    def line(self) -> str:
-        """The finding as one line of text (Markdown)."""
+    def line(self, markdown: bool = True) -> str:
+        """The finding as one line of Markdown, or of plain text (``markdown=False``: `report.json`'s findings,
+        read by programs: no escapes, no emphasis)."""
         if self.everything_else or (self.verdict == "equivalent" and len(self.kernels) > 3):
             pairs = sum(1 for k in self.kernels if " vs " in k)
             grads = sum(1 for k in self.kernels if " vs " not in k and _GRADIENT_NAME.search(k))
@@ -121,13 +122,14 @@ class Finding:
                 who += f", regime{'s' if len(self.regimes) > 1 else ''} {', '.join(self.regimes)}"
         from harness.report import markdown_escape  # kernel names come from users: shown, never rendered
 
-        who = markdown_escape(who)
         phrase = CAUSE_PHRASES.get(self.cause)
         what = f"{self.verdict}, {self.cause}" + (f" ({phrase})" if phrase else "")
+        if markdown:
+            who, what = markdown_escape(who), f"**{what}**"
         tail = VERDICT_TAILS.get(self.verdict)
         body = "; ".join(p for p in (self.evidence, tail) if p)
         cases = f"{self.n} case{'s' if self.n != 1 else ''}"
-        return f"{who}: **{what}**" + (f": {body}" if body else "") + f" ({cases})"
+        return f"{who}: {what}" + (f": {body}" if body else "") + f" ({cases})"
 
 
 # ------------------------------------------------------------------------------------------- grouping

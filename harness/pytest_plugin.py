@@ -362,9 +362,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr = terminalreporter
     tr.write_sep("=", "seqkernel-harness")
     if not state.options.no_summary:
-        from harness.report import summary_markdown
+        from harness.report import summary_markdown, terminal_text
 
-        for line in summary_markdown(state.records).splitlines():
+        for line in terminal_text(summary_markdown(state.records)).splitlines():
             tr.write_line(line)
         tr.write_line("")
     if state.report_index is not None:

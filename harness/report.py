@@ -454,6 +454,15 @@ def markdown_escape(text: str) -> str:
     return text
 
 
+def terminal_text(markdown: str) -> str:
+    """Markdown the harness wrote, as a terminal shows it: `markdown_escape` undone (``grad\\[a\\]`` reads
+    ``grad[a]``, ``&lt;lambda&gt;`` reads ``<lambda>``). The layout (tables, bold, lists) stays: it reads as
+    text. The same summary goes escaped to ``$GITHUB_STEP_SUMMARY``, where it is rendered."""
+    for ch in "`[]|":
+        markdown = markdown.replace("\\" + ch, ch)
+    return markdown.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
 def _md_cell(text: str, max_chars: int | None = None) -> str:
     text = markdown_escape(" ".join(text.split()))
     if max_chars is not None and len(text) > max_chars:
@@ -737,7 +746,7 @@ def write_report(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any]
            "verdict_counts": verdict_counts(records), "n_records": len(records),
            **{name: table_records(df) for name, df in tables.items()},
            "plots": [p.name for p in plot_paths], "case_figures": sorted(figures),
-           "findings": [f.line() for f in findings(records)]}
+           "findings": [f.line(markdown=False) for f in findings(records)]}
     paths.report_json.write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False, default=str) + "\n",
                                  encoding="utf-8")
     paths.index.write_text(_index_markdown(records, header, tables, plot_paths, figures), encoding="utf-8")

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harness.report import (append_step_summary, build_report, cell_table, fit_exponent, growth_table,
                             length_bucket, summary_markdown, summary_table)
@@ -368,3 +370,28 @@ def test_the_error_vs_length_title_counts_the_verdicts_of_every_case():
     assert "1 out of domain" in title and "1 not drawn" in title, title
     clean = _length_title("linear_scan", drawn[:2], drawn[:2], _by_series(drawn[:2]))
     assert clean.startswith("linear_scan: every kernel x dtype within the rounding bound"), clean
+
+
+def test_the_terminal_and_report_json_show_names_as_written_and_index_md_escapes_them(tmp_path, capsys):
+    """A gradient's record is named ``k:grad[a]``: the terminal showed ``grad\\[a\\]`` (the Markdown escape of
+    the step summary) and report.json's findings were Markdown strings (a blind hunt, session 24)."""
+    from harness.cli import EXIT_OK, main
+
+    name = "mine.<lambda>:grad[a]"
+    records = [make_record(name, verdict="divergent", cond=3.0), make_record("other")]
+    run = write_run(tmp_path / "run", records)
+    paths = build_report(run)
+    assert "mine.&lt;lambda&gt;:grad\\[a\\]" in paths.index.read_text()  # rendered Markdown: escaped
+    findings = json.loads(paths.report_json.read_text())["findings"]
+    assert findings[0].startswith(f"{name} (float32), regime trained: divergent, kernel_bug"), findings
+    assert not any("**" in line or "\\[" in line for line in findings)
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert name in out and "\\[" not in out and "&lt;" not in out
+
+
+@given(st.text(alphabet=st.sampled_from("ab\\`[]|<>&;lgtmp"), max_size=30))
+def test_terminal_text_undoes_the_markdown_escape(text):
+    from harness.report import markdown_escape, terminal_text
+
+    assert terminal_text(markdown_escape(text)) == text
