@@ -262,14 +262,17 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
-CELL_COLUMNS = (*CELL_KEYS, "n", "n_not_equivalent", "worst_verdict", *CELL_METRICS, "nonfinite", "onset_t",
-                "first_nonfinite_t", "length_min", "length_max")
+CELL_COLUMNS = (*CELL_KEYS, "n", "n_not_equivalent", "worst_verdict", *CELL_METRICS, "n_unmeasured", "nonfinite",
+                "onset_t", "first_nonfinite_t", "length_min", "length_max")
 
 
 def cell_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """Per cell (`CELL_KEYS`): the number of cases, the worst verdict and the worst of each metric.
 
-    Metrics are the maximum over the cell's records (missing values skipped); ``nonfinite`` lists the
+    Metrics are the maximum over the cell's records (missing values skipped); ``n_unmeasured`` counts the
+    records those maxima skip, whose ``cond_max`` is missing or NaN (a kernel that raised, an output with no
+    comparable element, a case out of domain): a cell of one NaN output and finite others read ``cond_max 0``
+    with no word that a case was not in it (a blind hunt, session 24). ``nonfinite`` lists the
     non-finite classes met (``none`` left out); ``onset_t`` and ``first_nonfinite_t`` are the earliest.
     Rows are sorted by kernel, family, dtype, length bucket, eps, chunk_size and regime.
     """
@@ -289,6 +292,7 @@ def cell_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         row["worst_verdict"] = str(worst.get("verdict"))
         for m in CELL_METRICS:
             row[m] = _nanmax(r.get(m) for r in recs)
+        row["n_unmeasured"] = sum(1 for r in recs if math.isnan(number(r.get("cond_max"))))
         row["nonfinite"] = _nonfinite_classes(r.get("nonfinite_class") for r in recs)
         row["onset_t"] = _nanmin(r.get("onset_t") for r in recs)
         row["first_nonfinite_t"] = _nanmin(r.get("first_nonfinite_t") for r in recs)

@@ -143,11 +143,23 @@ def test_cells_take_the_worst_of_each_bucket(report):
     assert cell["nonfinite"] == "kernel_nonfinite" and cell["onset_t"] == "100"
     unstable = [r for r in rows if r["regime"] == "unstable"][0]
     assert unstable["max_abs"] == "inf" and unstable["cond_max"] == ""
+    assert (cell["n_unmeasured"], unstable["n_unmeasured"]) == ("0", "1")
+
     normed = [r for r in rows if r["family"] == "retention_normed"]
     assert sorted({r["eps"] for r in normed}) == ["0.0", "0.001", "1e-06"]
     assert {r["chunk_size"] for r in normed} == {"16"}
     buckets = [r["length_bucket"] for r in rows if r["kernel"] == "sequential" and r["dtype"] == "float32"]
     assert buckets == ["8-15", "16-31", "32-63", "64-127", "256-511", "1024-2047"]
+
+
+def test_a_cell_says_how_many_of_its_cases_its_maxima_skip(tmp_path):
+    """One NaN output (no comparable element: cond_max NaN) beside a finite case read ``cond_max 0`` with no word
+    that a case was not in the maximum (a blind hunt, session 24)."""
+    records = [make_record(length=1, cond=0.0, seed=1),
+               make_record(length=1, verdict="divergent", cond=math.nan, nonfinite_class="kernel_nonfinite", seed=2),
+               make_record(length=1, verdict="kernel_error", seed=3)]
+    cell, = read_csv(build_report(write_run(tmp_path / "run", records)).cells_csv)
+    assert (cell["cond_max"], cell["n"], cell["n_unmeasured"], cell["worst_verdict"]) == ("0", "3", "2", "divergent")
 
 
 def test_growth_exponent_is_fitted_across_lengths(report):
