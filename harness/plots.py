@@ -331,6 +331,7 @@ def plot_onset(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) ->
                 ha="right", va="top")
     _log_scale(ax, "x", "log", base=2)
     _log_scale(ax, "y", "symlog", linthresh=1.0)
+    ax.set_ylim(bottom=0)  # a position: the symlog margin below t = 0 drew ticks at -1 and -10
     ax.set_xlabel("sequence length L")
     ax.set_ylabel("onset_t: first mismatched position")
     first = min(recs, key=lambda r: (_num(r.get("onset_t")) / max(_num(r.get("length")), 1.0)))

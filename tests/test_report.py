@@ -407,3 +407,20 @@ def test_terminal_text_undoes_the_markdown_escape(text):
     from harness.report import markdown_escape, terminal_text
 
     assert terminal_text(markdown_escape(text)) == text
+
+
+def test_the_onset_figure_shows_no_negative_position(tmp_path, monkeypatch):
+    """onset_t is a position: the symlog axis's margin below t = 0 drew ticks at -1 and -10 (a blind hunt,
+    session 24)."""
+    import harness.plots
+    from harness.plots import plot_onset
+
+    figures = []
+    monkeypatch.setattr(harness.plots, "_save", lambda fig, path: figures.append(fig) or path)
+    records = [make_record(length=L, verdict="divergent", cond=3.0, onset_t=t, seed=L)
+               for L, t in ((2, 0), (8, 1), (64, 3), (476, 1))]
+    plot_onset(records, tmp_path / "onset.png")
+    ax, = figures[0].axes
+    low, high = ax.get_ylim()
+    shown = [t for t in ax.get_yticks() if low <= t <= high]
+    assert low == 0 and min(shown) == 0, (low, shown)
