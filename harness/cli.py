@@ -462,6 +462,11 @@ def cmd_replay(args) -> int:
     note = chunk_mismatch(spec, problem)
     if note:
         print(note, file=sys.stderr)
+    if args.against:
+        if grad_of:
+            raise InvalidArgument(f"--against={args.against!r} with --grad-of={grad_of!r}: a pair is compared on "
+                                  "its forward outputs; expected one of them")
+        return _replay_pair(spec, _replay_kernel(args.against, problem.family.value), problem, args)
     record = replay(spec, problem, grad_of, RunOptions(policy=_policy(args)))
     keys = ("kernel", "grad_of", "family", "dtype", "length", "regime", "verdict", "cause", "why", "cond_max", "max_abs",
             "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class", "outcome", "error", "note")
@@ -477,6 +482,25 @@ def cmd_replay(args) -> int:
         print(f"\nexpected verdict {expect!r}, got {record['verdict']!r}")
         return EXIT_FAIL
     return EXIT_FAIL if record["verdict"] in FAILING_VERDICTS and expect is None else EXIT_OK
+
+
+#: The fields `harness replay --against` prints of a pair's record (`harness.runner.run_pair`).
+PAIR_FIELDS: tuple[str, ...] = ("kernel", "family", "dtype", "length", "regime", "eps", "chunk_size", "verdict",
+                                "a_verdict", "a_cause", "a_cond_max", "a_max_abs", "b_verdict", "b_cause", "b_cond_max",
+                                "b_max_abs", "ab_max_abs", "ab_max_rel")
+
+
+def _replay_pair(spec_a, spec_b, problem, args) -> int:
+    """A differential sweep's pair row replayed: both kernels on the case's inputs, each against the oracle, and
+    their difference (what the row's ``ab_max_abs`` says); the exit status is the worse of the two verdicts."""
+    from harness.runner import RunOptions, run_pair
+
+    record = run_pair(spec_a, spec_b, problem, RunOptions(policy=_policy(args)))
+    for key in PAIR_FIELDS:
+        if record.get(key) is not None:
+            print(f"{key:>16}: {record[key]}")
+    print(f"{'why':>16}: {record['why']}")
+    return EXIT_FAIL if record["verdict"] in FAILING_VERDICTS else EXIT_OK
 
 
 def _replay_kernel(kernel: str, family: str):
@@ -617,6 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--problem", default=None, help="the problem as JSON (from a record's replay command)")
     s.add_argument("--grad-of", default=None, metavar="INPUT",
                    help="take the gradient of INPUT instead of the forward output (a gradient's case file says so itself)")
+    s.add_argument("--against", default=None, metavar="KERNEL",
+                   help="replay a differential sweep's pair: both kernels on the case, each against the oracle, "
+                        "and their difference (ab_max_abs); a pair row's replay command says it")
     s.add_argument("--trust-case-file", action="store_true",
                    help="import the module or file the case file's kernel_target names (never done otherwise: "
                         "a case file is data); --kernel TARGET runs a user kernel without it")

@@ -360,7 +360,7 @@ def growth_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
 
 FAILURE_COLUMNS = ("kernel", "family", "dtype", "length", "regime", "eps", "chunk_size", "seed", "verdict", "cause",
-                   "cond_max", "max_abs", "onset_t", "nonfinite_class", "why", "error", "case", "replay")
+                   "cond_max", "max_abs", "ab_max_abs", "onset_t", "nonfinite_class", "why", "error", "case", "replay")
 
 
 def failing_records(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -371,7 +371,8 @@ def failing_records(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
 
 
 def failure_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Every case whose verdict is not ``equivalent``, worst first, with its replay command."""
+    """Every case whose verdict is not ``equivalent``, worst first, with its replay command (a differential
+    pair's row: ``ab_max_abs``, the two kernels' difference, and a replay of the pair, ``--against``)."""
     rows = []
     for r in failing_records(records):
         rows.append({
@@ -381,6 +382,7 @@ def failure_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             "chunk_size": _key_text(r.get("chunk_size")), "seed": _whole(r.get("seed")),
             "verdict": str(r.get("verdict")), "cause": _key_text(r.get("cause")),
             "cond_max": number(r.get("cond_max")), "max_abs": number(r.get("max_abs")),
+            "ab_max_abs": number(r.get("ab_max_abs")),  # a differential pair's own number: A against B
             "onset_t": number(r.get("onset_t")), "nonfinite_class": _key_text(r.get("nonfinite_class")),
             "why": _key_text(r.get("why")), "error": _key_text(r.get("error")), "case": _key_text(r.get("case")),
             "replay": _key_text(r.get("replay")),

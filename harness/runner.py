@@ -182,6 +182,15 @@ def replay_command(kernel: "str | KernelSpec", problem: Problem) -> str:
             f"--problem {shlex.quote(json.dumps(problem.to_dict(), sort_keys=True))}")
 
 
+def pair_replay_command(spec_a: "str | KernelSpec", spec_b: "str | KernelSpec", problem: Problem) -> str:
+    """The shell command that re-runs a differential sweep's pair on this case (`run_pair`): A's replay command
+    with ``--against B``. A pair row replayed A alone against the oracle, never the pair's difference."""
+    import shlex
+
+    name = spec_b if isinstance(spec_b, str) else (isolation.user_target(spec_b) or spec_b.name)
+    return f"{replay_command(spec_a, problem)} --against {shlex.quote(name)}"
+
+
 def _spec_for(spec: "KernelSpec | str", problem: Problem) -> KernelSpec:
     """``spec`` (a registered name is looked up), refused with `InvalidArgument` when it is not one of
     ``problem``'s family: its call would be handed another family's inputs."""
@@ -1213,7 +1222,7 @@ def run_pair(spec_a: KernelSpec, spec_b: KernelSpec, problem: Problem, options: 
     record["verdict"] = max((rec_a["verdict"], rec_b["verdict"]), key=severity)
     record["why"] = f"A: {rec_a['why']} | B: {rec_b['why']}"
     record["cause"] = rec_a["cause"] if rec_a["verdict"] != "equivalent" else rec_b["cause"]
-    record["replay"] = rec_a["replay"]
+    record["replay"] = pair_replay_command(spec_a, spec_b, problem)
     if store is not None:  # the two kernels' own records are stored by the sweep's case list
         store.append(record)
     return record

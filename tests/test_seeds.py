@@ -119,6 +119,30 @@ def test_retnet_seed_forms_agree_at_eps_zero_differential():
     assert diffs[1e-5] > diffs[1e-8], diffs
 
 
+def test_a_pair_row_replays_as_the_pair(capsys):
+    """A differential sweep's row replayed kernel A alone against the oracle: the pair's own number, A against B,
+    could not be had again from the report (a blind hunt, session 24). Its replay command names B now."""
+    import shlex
+
+    from harness.cli import EXIT_OK, EXIT_USAGE, main
+    from harness.report import failure_table
+
+    a, b = get("intree.retention_normed_parallel"), get("intree.retention_normed_chunkwise")
+    problem = Problem("retention_normed", eps=1e-5, dtype="float32", chunk_size=4, **RETNET_SEED)
+    record = run_pair(a, b, problem, RunOptions(eps_counterfactual=False))
+    assert record["replay"].endswith(" --against intree.retention_normed_chunkwise"), record["replay"]
+    assert failure_table([dict(record, verdict="divergent")])["ab_max_abs"][0] == record["ab_max_abs"]
+    argv = shlex.split(record["replay"])
+    assert argv[:2] == ["harness", "replay"]
+    assert main(argv[1:]) == EXIT_OK
+    printed = dict(line.strip().split(": ", 1) for line in capsys.readouterr().out.splitlines() if ": " in line)
+    assert float(printed["ab_max_abs"]) == record["ab_max_abs"] > 0
+    assert printed["kernel"] == "intree.retention_normed_parallel vs intree.retention_normed_chunkwise"
+    assert (printed["a_verdict"], printed["b_verdict"]) == (record["a_verdict"], record["b_verdict"])
+    assert main([*argv[1:], "--grad-of", "q"]) == EXIT_USAGE
+    assert "--against='intree.retention_normed_chunkwise' with --grad-of='q'" in capsys.readouterr().err
+
+
 def test_retnet_seed_float64_floor_is_declared():
     """torchscale's RMSNorm computes in float32: float64 inputs meet a float32 floor, declared and shown."""
     spec = _spec("torchscale.parallel")
