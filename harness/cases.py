@@ -10,7 +10,8 @@ element values when hypothesis drew them), the metrics and verdict it had, and `
 the suite requires when it replays the file (``equivalent`` once the kernel is fixed; a known, accepted
 failure can say ``divergent``). The suite replays every file on every run; so does `harness replay`.
 
-A sweep is a grid: kernels x lengths x dtypes x eps x chunk sizes x regimes, plus fixed problem fields,
+A sweep is a grid: kernels (registered, or a project's own `file.py:attr` with the group's ``family``) x lengths x
+dtypes x eps x chunk sizes x regimes, plus fixed problem fields,
 and optional kernel pairs compared directly (differential mode). `harness sweep NAME` runs one.
 """
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.errors import InvalidArgument
-from harness.kernels.contract import KernelSpec
+from harness.kernels.contract import Family, KernelSpec
 from harness.problems import LATER_FIELDS, Problem
 
 
@@ -279,11 +280,22 @@ def _check_case_target(target: str) -> None:
 # ---------------------------------------------------------------------------------------------- sweeps
 @dataclass
 class SweepGroup:
-    """Kernels of one family and the grid they run over."""
+    """Kernels of one family and the grid they run over.
+
+    ``kernels`` are as the file names them: registered names, or a project's own kernels as ``file.py:attr``
+    (from the project's root) / ``module:attr`` targets, with the group's ``family``. ``specs`` holds each
+    target's resolved kernel (registered names are looked up when run)."""
 
     kernels: list[str]
     grid: dict[str, list[Any]]
     fixed: dict[str, Any] = field(default_factory=dict)
+    specs: dict[str, KernelSpec] = field(default_factory=dict)
+
+    def spec(self, name: str) -> KernelSpec:
+        """The kernel ``name`` (one of `kernels`) runs as."""
+        from harness.kernels import registry
+
+        return self.specs[name] if name in self.specs else registry.get(name)
 
     def problems(self, family) -> Iterator[Problem]:
         keys = sorted(self.grid)
@@ -301,15 +313,26 @@ class Sweep:
     pairs: list[tuple[str, str]] = field(default_factory=list)
     answers: list = field(default_factory=list)  # harness.answers.AnswerTable: the question it answers
 
+    def spec(self, name: str) -> KernelSpec:
+        """The kernel a name of the file runs as: a group's resolved target, else the registered kernel."""
+        for group in self.groups:
+            if name in group.specs:
+                return group.specs[name]
+        from harness.kernels import registry
+
+        return registry.get(name)
+
     def orders(self) -> dict[str, list[Any]]:
-        """The order of each grid field's values, and of the kernels (pairs as ``a vs b``), as declared."""
+        """The order of each grid field's values, and of the kernels (pairs as ``a vs b``), as declared; a
+        target kernel by the name its records carry (``user.file.py:attr``)."""
         out: dict[str, list[Any]] = {"kernel": []}
         for group in self.groups:
-            out["kernel"] += [k for k in group.kernels if k not in out["kernel"]]
+            named = [group.specs[k].name if k in group.specs else k for k in group.kernels]
+            out["kernel"] += [k for k in named if k not in out["kernel"]]
             for name, values in group.grid.items():
                 seen = out.setdefault(name, [])
                 seen += [v for v in values if v not in seen]
-        out["kernel"] += [f"{a} vs {b}" for a, b in self.pairs]
+        out["kernel"] += [f"{self.spec(a).name} vs {self.spec(b).name}" for a, b in self.pairs]
         return out
 
     def cases(self) -> Iterator[tuple[KernelSpec, Problem]]:
@@ -317,11 +340,9 @@ class Sweep:
 
         Kernels unavailable here are left out (``harness list`` says why).
         """
-        from harness.kernels import registry
-
         for group in self.groups:
             for name in group.kernels:
-                spec = registry.get(name)
+                spec = group.spec(name)
                 if spec.unavailable_reason() is not None:
                     continue
                 for problem in group.problems(spec.family):
@@ -331,10 +352,8 @@ class Sweep:
 
     def pair_cases(self) -> Iterator[tuple[KernelSpec, KernelSpec, Problem]]:
         """Each pair on every problem of the groups naming either kernel, that both can run."""
-        from harness.kernels import registry
-
         for name_a, name_b in self.pairs:
-            a, b = registry.get(name_a), registry.get(name_b)
+            a, b = self.spec(name_a), self.spec(name_b)
             if a.unavailable_reason() or b.unavailable_reason():
                 continue
             seen: set[str] = set()
@@ -414,7 +433,7 @@ def sweep_path(name: str, project=None) -> Path:
 
 #: The keys a sweep file may hold: at its top level, and in a group (or a one-grid file's top level).
 SWEEP_KEYS = frozenset({"name", "description", "pairs", "group", "answer"})
-GROUP_KEYS = frozenset({"kernels", "grid", "fixed"})
+GROUP_KEYS = frozenset({"kernels", "grid", "fixed", "family"})
 
 
 def _check_keys(data: dict[str, Any], allowed: frozenset[str], where: str) -> None:
@@ -437,13 +456,12 @@ def _check_required(grid: dict[str, Any], fixed: dict[str, Any], where: str) -> 
                               f"{missing[0]} = [16, 64] under [grid] (every problem needs one)")
 
 
-def _check_pair(pair: list[Any], where: str) -> None:
+def _check_pair(pair: list[Any], where: str, sweep: "Sweep") -> None:
     """`InvalidArgument` naming the sweep file and the ``pairs`` entry whose two kernels cannot be compared: not
-    registered, or of two families (the error came from the run, after the grid's cases, naming neither)."""
-    from harness.kernels import registry
-
+    registered (nor a target of a group), or of two families (the error came from the run, after the grid's
+    cases, naming neither)."""
     try:
-        a, b = (registry.get(name) for name in pair)
+        a, b = (sweep.spec(name) for name in pair)
     except InvalidArgument as exc:
         raise InvalidArgument(f"sweep {where}: pairs entry {pair!r}: {exc}") from None
     if a.family is not b.family:
@@ -452,7 +470,35 @@ def _check_pair(pair: list[Any], where: str) -> None:
                               "runs both on the same problems)")
 
 
-def _group(data: dict[str, Any], where: str) -> SweepGroup:
+def _target_specs(kernels: list[str], family: Any, root: Path, where: str) -> dict[str, KernelSpec]:
+    """The group's ``file.py:attr`` / ``module:attr`` kernels resolved as user kernels of ``family`` (a file from
+    the project's ``root``, as ``[[tool.harness.kernels]]`` names it), by the name the file gives them."""
+    from harness.api import user_kernel_spec
+    from harness.kernels import registry
+    from harness.kernels.target import file_part
+
+    targets = [k for k in kernels if ":" in k]
+    if not targets:
+        return {}
+    if family is None:
+        registered = [k for k in kernels if ":" not in k]
+        if not registered:
+            raise InvalidArgument(f"sweep {where}: kernels={targets!r} are targets and the group has no family; "
+                                  "expected family = \"...\" beside them (one of "
+                                  f"{', '.join(f.value for f in Family)})")
+        family = registry.get(registered[0]).family.value
+    specs = {}
+    for name in targets:
+        path = file_part(name)
+        spelled = name if path is None or path.is_absolute() else f"{root / path}:{name.rpartition(':')[2]}"
+        try:
+            specs[name] = user_kernel_spec(spelled, family=family)  # named from the root of the project run in
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"sweep {where}: kernel {name!r} (from {str(root)!r}): {exc}") from None
+    return specs
+
+
+def _group(data: dict[str, Any], where: str, root: Path) -> SweepGroup:
     import dataclasses
 
     if not isinstance(data, dict):
@@ -464,11 +510,14 @@ def _group(data: dict[str, Any], where: str) -> SweepGroup:
     kernels, grid, fixed = data["kernels"], data["grid"], data.get("fixed", {})
     if not isinstance(kernels, list) or not kernels or not all(isinstance(k, str) for k in kernels):
         raise InvalidArgument(f"sweep {where}: kernels={kernels!r}; expected a non-empty list of kernel names")
-    targets = [k for k in kernels if ":" in k]
-    if targets:  # a project's sweep naming its own files read "is not registered; known kernels: ..." (75 names)
-        raise InvalidArgument(f"sweep {where}: kernels={targets!r} are targets; a sweep runs registered kernels "
-                              "(`harness list`); check a kernel of your own with `harness check --kernel TARGET` "
-                              "(or [[tool.harness.kernels]]), or register it under the `harness.kernels` entry point")
+    family = data.get("family")
+    if family is not None:
+        try:
+            family = Family.parse(family).value
+        except (InvalidArgument, ValueError, TypeError):
+            raise InvalidArgument(f"sweep {where}: family={family!r}; expected one of "
+                                  f"{', '.join(f.value for f in Family)}") from None
+    specs = _target_specs(kernels, family, root, where)
     for key, value in (("grid", grid), ("fixed", fixed)):
         if not isinstance(value, dict):
             raise InvalidArgument(f"sweep {where}: {key}={value!r}; expected a table of problem fields")
@@ -485,12 +534,14 @@ def _group(data: dict[str, Any], where: str) -> SweepGroup:
             raise InvalidArgument(f"sweep {where}: grid {key}={values!r} lists {', '.join(twice)} more than once; "
                                   "expected each value once")
     _check_required(grid, fixed, where)
-    group = SweepGroup(kernels=list(kernels), grid=grid, fixed=dict(fixed))
-    from harness.kernels import registry
-
+    group = SweepGroup(kernels=list(kernels), grid=grid, fixed=dict(fixed), specs=specs)
     try:
-        family = registry.get(kernels[0]).family
-        for _ in group.problems(family):  # every problem of the grid, before any kernel runs: a bad value
+        families = {group.spec(k).family for k in kernels}
+        if family is not None and families != {Family.parse(family)} or len(families) > 1:
+            raise InvalidArgument(f"kernels {kernels!r} are of families {sorted(f.value for f in families)}"
+                                  + (f", the group's family is {family!r}" if family is not None else "")
+                                  + "; expected one family per group")
+        for _ in group.problems(families.pop()):  # every problem of the grid, before any kernel runs: a bad value
             pass  # found after hours of a sweep would lose the run (L = 10**9 as the last length did)
     except InvalidArgument as exc:
         raise InvalidArgument(f"sweep {where}: {exc}") from None
@@ -505,7 +556,10 @@ def load_sweep(name: str, project=None) -> Sweep:
     A file that is not TOML, or holds a key the harness does not know (a typo would otherwise be
     ignored silently), is an `InvalidArgument` naming the file and the key.
     """
+    from harness.project import find_root
+
     path = sweep_path(name, project)
+    root = find_root(path.resolve().parent)  # a file kernel of the sweep is named from its project's root
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
@@ -516,17 +570,17 @@ def load_sweep(name: str, project=None) -> Sweep:
         _check_keys(data, SWEEP_KEYS, str(path))
         if not isinstance(data["group"], list):
             raise InvalidArgument(f"sweep {path}: group={data['group']!r}; expected [[group]] tables")
-        groups = [_group(g, f"{path}: group {i}") for i, g in enumerate(data["group"])]
+        groups = [_group(g, f"{path}: group {i}", root) for i, g in enumerate(data["group"])]
     else:
         _check_keys(data, SWEEP_KEYS | GROUP_KEYS, str(path))
-        groups = [_group({k: v for k, v in data.items() if k in GROUP_KEYS}, str(path))]
+        groups = [_group({k: v for k, v in data.items() if k in GROUP_KEYS}, str(path), root)]
     pairs = data.get("pairs", [])
     if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
         raise InvalidArgument(f"sweep {path}: pairs={pairs!r}; expected a list of [kernel_a, kernel_b]")
-    for pair in pairs:
-        _check_pair(pair, str(path))
     sweep = Sweep(name=data.get("name", path.stem), description=data.get("description", ""), groups=groups,
                   pairs=[tuple(p) for p in pairs])
+    for pair in pairs:
+        _check_pair(pair, str(path), sweep)
     if "answer" in data:
         from harness.answers import parse_answers
 

@@ -18,24 +18,63 @@ def test_a_sweep_grid_that_lists_a_value_twice_is_refused(tmp_path):
     assert len(list(load_sweep(str(sweep)).cases())) == 2
 
 
-def test_a_sweep_naming_a_file_kernel_says_how_to_check_it_and_list_shows_the_rest(tmp_path, monkeypatch, capsys):
-    """A project's sweep with ``kernels = ["mykern/scan.py:scan"]`` read "is not registered; known kernels: ..."
-    (75 names), and made `harness sweep --list` fail for every sweep (blind hunt, session 23)."""
+KERNELS_PY = """\
+import torch
+
+
+def scan(a, b):
+    h, out = torch.zeros_like(b[..., 0]), []
+    for t in range(b.shape[-1]):
+        h = a[..., t] * h + b[..., t]
+        out.append(h)
+    return torch.stack(out, -1)
+
+
+def forgets_a(a, b):  # planted: the decay is never applied
+    return torch.cumsum(b, -1)
+"""
+
+
+def test_a_project_sweep_runs_its_own_file_kernels_from_the_root(tmp_path, monkeypatch, capsys):
+    """A project's sweep could not name its own kernels (``kernels = ["mykern/scan.py:scan"]`` was refused:
+    "a sweep runs registered kernels"), so a kernel author could not sweep eps or chunk sizes over their own
+    kernel. Targets are named from the project's root, as ``[[tool.harness.kernels]]`` names them, with the
+    group's ``family``; records carry the name ``check`` gives them."""
+    import json
+
     from harness.cases import load_sweep
-    from harness.cli import main
+    from harness.cli import EXIT_FAIL, main
     from harness.errors import InvalidArgument
 
-    monkeypatch.chdir(tmp_path)
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "k"\n[tool.harness]\nsweeps = ["numerics/sweeps"]\n')
+    (tmp_path / "mykern").mkdir()
+    (tmp_path / "mykern" / "scan.py").write_text(KERNELS_PY)
     (tmp_path / "numerics" / "sweeps").mkdir(parents=True)
     mine = tmp_path / "numerics" / "sweeps" / "mine.toml"
-    mine.write_text('kernels = ["mykern/scan.py:scan"]\n[grid]\nlength = [17]\ndtype = ["float64"]\n')
-    with pytest.raises(InvalidArgument, match="are targets; a sweep runs registered kernels.*harness check --kernel"):
+    grid = '[grid]\nlength = [5, 17]\ndtype = ["float64"]\n'
+    mine.write_text('kernels = ["mykern/scan.py:scan"]\n' + grid)
+    with pytest.raises(InvalidArgument, match=r"kernels=\['mykern/scan.py:scan'\] are targets and the group has no "
+                                              r"family; expected family = \"...\""):
         load_sweep(str(mine))
+    mine.write_text('family = "retention"\nkernels = ["mykern/scan.py:scan", "intree.sequential_scan"]\n' + grid)
+    with pytest.raises(InvalidArgument, match="are of families .*linear_scan.*retention.*expected one family"):
+        load_sweep(str(mine))
+    mine.write_text('family = "linear_scan"\nkernels = ["mykern/scan.py:scan", "mykern/scan.py:forgets_a"]\n'
+                    'pairs = [["mykern/scan.py:scan", "mykern/scan.py:forgets_a"]]\n' + grid)
+    monkeypatch.chdir(tmp_path / "mykern")  # from a subfolder: the file is still the root's mykern/scan.py
+    sweep = load_sweep("mine")
+    assert sweep.orders()["kernel"][:2] == ["user.mykern/scan.py:scan", "user.mykern/scan.py:forgets_a"]
     assert main(["sweep", "--list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("mine ") and "cannot be read" in line for line in lines), lines
-    assert any(line.startswith("default ") and "runnable here" in line for line in lines), lines
+    assert any(line.startswith("mine ") and "4 cases + 2 pair cases" in line for line in capsys.readouterr().out.splitlines())
+    run = tmp_path / "run"
+    assert main(["sweep", "mine", "--report-dir", str(run), "--quiet"]) == EXIT_FAIL
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    verdicts = {(r["kernel"], r["length"]): r["verdict"] for r in records}
+    assert verdicts == {("user.mykern/scan.py:scan", 5): "equivalent", ("user.mykern/scan.py:scan", 17): "equivalent",
+                        ("user.mykern/scan.py:forgets_a", 5): "divergent",
+                        ("user.mykern/scan.py:forgets_a", 17): "divergent",
+                        ("user.mykern/scan.py:scan vs user.mykern/scan.py:forgets_a", 5): "divergent",
+                        ("user.mykern/scan.py:scan vs user.mykern/scan.py:forgets_a", 17): "divergent"}, verdicts
 
 
 @pytest.mark.parametrize("answer, says", [

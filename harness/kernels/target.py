@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.errors import InvalidArgument
 
 
-def _file_part(target: str) -> Path | None:
+def file_part(target: str) -> Path | None:
     """The path part of a ``path/to/file.py:attr`` target as written, None for a module or a registered name."""
     where, colon, _ = target.rpartition(":")
     if not colon:
@@ -23,7 +23,7 @@ def target_file(target: str) -> Path | None:
 
     A relative path is the working directory's, else the project root's (`canonical_target` names a file of
     the project from its root, so that a counterexample saved there replays from any of its folders)."""
-    path = _file_part(target)
+    path = file_part(target)
     if path is None or path.is_absolute() or path.is_file():
         return path
     from harness.project import find_root
@@ -40,7 +40,7 @@ def canonical_target(target: str, cwd: str | os.PathLike | None = None) -> str:
     subfolder, as ``./scan.py`` or as an absolute path, the same kernel had three names, and against a baseline
     made from the root its cells were all "missing", so the gate passed while it was divergent (blind hunt,
     session 23). Targets outside the project, modules and registered names are returned as written."""
-    path = _file_part(target)
+    path = file_part(target)
     if path is None:
         return target
     from harness.project import find_root
