@@ -11,16 +11,9 @@ from __future__ import annotations
 import pytest
 
 from harness.kernels.target import canonical_target, target_file
+from tests.user_sources import LOOP_SCAN
 
-KERNEL = '''
-def scan(a, b):
-    import torch
-    h, out = torch.zeros_like(b[..., 0]), []
-    for t in range(b.shape[-1]):
-        h = a[..., t] * h + b[..., t]
-        out.append(h)
-    return torch.stack(out, -1)
-'''
+KERNEL = LOOP_SCAN
 
 
 @pytest.fixture

@@ -11,18 +11,11 @@ import json
 
 import pytest
 
+from tests.user_sources import LOOP_SCAN
+
 pytest_plugins = ["pytester"]
 
-KERNELS = '''
-import torch
-
-def scan(a, b):
-    h = torch.zeros_like(b[..., 0])
-    out = []
-    for t in range(b.shape[-1]):
-        h = a[..., t] * h + b[..., t]
-        out.append(h)
-    return torch.stack(out, -1)
+KERNELS = LOOP_SCAN + '''
 
 def scan_drops_last_input(a, b):  # planted bug: the last step forgets b
     out = scan(a, b)

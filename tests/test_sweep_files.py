@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.user_sources import LOOP_SCAN
+
 
 def test_a_sweep_grid_that_lists_a_value_twice_is_refused(tmp_path):
     """``length = [17, 17]`` ran every case of 17 twice, as two cases (blind hunt, session 23)."""
@@ -18,17 +20,7 @@ def test_a_sweep_grid_that_lists_a_value_twice_is_refused(tmp_path):
     assert len(list(load_sweep(str(sweep)).cases())) == 2
 
 
-KERNELS_PY = """\
-import torch
-
-
-def scan(a, b):
-    h, out = torch.zeros_like(b[..., 0]), []
-    for t in range(b.shape[-1]):
-        h = a[..., t] * h + b[..., t]
-        out.append(h)
-    return torch.stack(out, -1)
-
+KERNELS_PY = LOOP_SCAN + """
 
 def forgets_a(a, b):  # planted: the decay is never applied
     return torch.cumsum(b, -1)
