@@ -189,6 +189,7 @@ class Divergence:
     worst_bound: float = math.nan  # the denominator of worst_cond
     # -- along the length -------------------------------------------------------------------------
     onset_t: int | None = None  # first t with a mismatched element
+    n_mismatch_t: int | None = None  # positions t with a mismatched element (from onset_t on, how far the mismatch persists)
     growth_exponent: float | None = None  # slope of log(max abs error at t) against log(t + 1)
     cond_growth_exponent: float | None = None  # the same for the max cond error at t
     max_error_first_half: float = math.nan  # max cond error over t < ceil(L / 2)
@@ -375,7 +376,8 @@ def _fit_slope(e: np.ndarray) -> float | None:
 #: The measurement's fields that are positions along the sequence axis, or summaries along it, as a record
 #: of a tensor without one holds them (a gradient of a per-channel parameter: A, D, a bias, an initial state).
 NO_POSITIONS: dict[str, Any] = {
-    "length_axis": None, "worst_t": None, "onset_t": None, "precision_onset_t": None, "first_nonfinite_t": None,
+    "length_axis": None, "worst_t": None, "onset_t": None, "n_mismatch_t": None, "precision_onset_t": None,
+    "first_nonfinite_t": None,
     "domain_onset_t": None, "growth_exponent": None, "cond_growth_exponent": None,
     "max_error_first_half": math.nan, "max_error_second_half": math.nan, "error_by_position": [],
 }
@@ -893,6 +895,7 @@ class _Accumulator:
 
         # -- along the length -------------------------------------------------------------------------
         fields["onset_t"] = _first_true(self.mismatch_t)
+        fields["n_mismatch_t"] = int(self.mismatch_t.sum())
         pt_cond, pt_abs = self.per_t_cond.numpy(), self.per_t_abs.numpy()  # (-1: nothing compared at t)
         fields["growth_exponent"] = _fit_slope(pt_abs)
         fields["cond_growth_exponent"] = _fit_slope(pt_cond)

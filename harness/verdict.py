@@ -478,11 +478,16 @@ def format_failure(
         half = (
             f"; max cond error {_g(rec.max_error_first_half)} in the first half, "
             f"{_g(rec.max_error_second_half)} in the second"
-        )
+        ) if rec.length >= 2 else ""  # one position has no second half ("nan in the second")
         growth = (
             f"; error {'grows' if rec.growth_exponent >= 0 else 'falls'} like (t+1)^{rec.growth_exponent:.2f}"
             if rec.growth_exponent is not None else ""
         )
+        after = rec.length - rec.onset_t if rec.onset_t is not None and rec.length else 0
+        if after > 1 and rec.n_mismatch_t and rec.n_mismatch_t * 2 <= after:  # None: an older record
+            # a mismatch at isolated positions: a fitted growth of a spike read "grows like (t+1)^0.73"
+            growth = (f"; mismatched at {rec.n_mismatch_t} of the {after} positions from there, the rest within the "
+                      "bound: an error at isolated positions, not one that grows")
         lines.append(f"Onset: {onset}{half}{growth}")
         if rec.has_baseline:
             lines.append(

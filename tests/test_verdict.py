@@ -257,6 +257,32 @@ def test_assert_equivalent_message_a_person_can_act_on():
     assert msg == format_failure(d, judge(d), "harness replay --kernel intree.blelloch --problem '{}'")
 
 
+def _ones(ulps: dict[int, int], length: int = 16) -> Divergence:
+    """out = 1 at every t of ``length``, with ``ulps[t]`` float32 ulps of error at t (none elsewhere)."""
+    x = torch.tensor([[[1.0 + ulps.get(t, 0) * 2.0**-23 for t in range(length)]]], dtype=torch.float32)
+    return measure(x, make_trace([[[1.0] * length]], growth=[[[2.0] * length]]), dtype="float32")
+
+
+def test_an_error_at_isolated_positions_is_not_given_a_growth_exponent():
+    """A bug at one position, later positions right again, read "error grows like (t+1)^0.73": a slope fitted
+    to a spike (a blind hunt, session 24). A mismatch that persists keeps its growth."""
+    spike = _ones({8: 10})
+    assert spike.onset_t == 8 and spike.n_mismatch_t == 1
+    msg = format_failure(spike, judge(spike), "r")
+    assert "Onset: first mismatch at t=8 of 16" in msg
+    assert "mismatched at 1 of the 8 positions from there, the rest within the bound" in msg
+    assert "grows like" not in msg and "falls like" not in msg
+    lasting = _ones({t: 10 + t for t in range(8, 16)})
+    assert lasting.n_mismatch_t == 8
+    msg = format_failure(lasting, judge(lasting), "r")
+    assert "like (t+1)^" in msg and "isolated positions" not in msg
+    one = _ones({0: 10}, length=1)
+    msg = format_failure(one, judge(one), "r")
+    assert "Onset: first mismatch at t=0 of 1" in msg and "second" not in msg  # one step has no second half
+    older = {k: v for k, v in lasting.to_dict().items() if k != "n_mismatch_t"}  # a record written before the field
+    assert "like (t+1)^" in format_failure(older, judge(older), "r")
+
+
 def test_a_record_s_message_names_its_cause():
     record = {**planted().to_dict(), "cause": "precision_loss"}
     msg = format_failure(record, judge(record), "harness replay x")
