@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from harness.api import user_kernel_spec
+from harness.errors import InvalidArgument
 from harness.kernels import registry
 from harness.kernels.contract import Capabilities, Family, KernelSpec
 from harness.problems import Problem
@@ -247,3 +248,30 @@ def test_a_search_s_tiny_or_large_kernel_bug_beside_an_undeclared_precision_is_s
     assert "same narrower dtype's range" in _same_narrow_range(reported, {"cause": "kernel_bug", "regime": "tiny"})
     assert _same_narrow_range(reported, {"cause": "kernel_bug", "regime": "trained"}) == ""
     assert _same_narrow_range({"cause": "kernel_bug"}, {"cause": "kernel_bug", "regime": "large"}) == ""
+
+
+def scan_accumulating_in_float32(a, b):
+    """Correct: a loop that works in float32 whatever its input, and returns the input's dtype."""
+    h, out = torch.zeros_like(b[..., 0], dtype=torch.float32), []
+    for t in range(b.shape[-1]):
+        h = a[..., t].float() * h + b[..., t].float()
+        out.append(h)
+    return torch.stack(out, -1).to(b.dtype)
+
+
+def test_a_finer_internal_precision_needs_no_declaration_and_declaring_it_is_refused():
+    """A blind hunt's bfloat16 loop accumulating in float32 declared ``computes_in={"bfloat16": "float32"}``: held
+    to float32's bound with nothing for its output's rounding to bfloat16, it was divergent at L = 1 (cond 1,980)
+    with the advice to declare ``{'float32': 'float16'}`` (session 25). Undeclared it passes; declared, the
+    Capabilities say why not, and name chunk_computes_in."""
+    with pytest.raises(InvalidArgument, match=r"computes_in=\{'bfloat16': 'float32'\}\): float32 is finer than "
+                                              r"bfloat16.*needs no declaration.*chunk_computes_in=\{'bfloat16': "):
+        Capabilities(computes_in={"bfloat16": "float32"})
+    with pytest.raises(InvalidArgument, match=r"chunk_computes_in=\{'float32': 'bfloat16'\}\): bfloat16 is not finer"):
+        Capabilities(chunk_computes_in={"float32": "bfloat16"})
+    Capabilities(computes_in={"float64": "float32", "float32": "tf32_rz"})  # coarser: the declarations in use
+    spec = user_kernel_spec(scan_accumulating_in_float32, family="linear_scan")
+    for dtype in ("bfloat16", "float16"):
+        for length in (1, 64):
+            record = run_case(spec, Problem(family="linear_scan", length=length, dtype=dtype, seed=length), OPTIONS)
+            assert record["verdict"] == "equivalent", record["why"]

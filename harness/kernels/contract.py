@@ -148,7 +148,8 @@ class Capabilities:
     #: Declared internal precision: input dtype -> the dtype the kernel really computes in (e.g.
     #: ``{"float64": "float32"}`` for a kernel whose norm or state is float32 whatever the input). The
     #: case still runs in the input dtype; the verdict holds it to the declared precision's rounding and
-    #: the report shows the declaration, so the floor it causes is explained, not hidden.
+    #: the report shows the declaration, so the floor it causes is explained, not hidden. Coarser only: a kernel
+    #: that works in a finer dtype and returns the input's needs none, and declaring one is refused.
     computes_in: dict[str, str] = field(default_factory=dict)
     #: Chunk kernels: input dtype -> the dtype the kernel forms its cumulative log-decays (and the exp of
     #: their differences) in, when finer than ``precision`` (fla's and mamba-ssm's chunk kernels: float32 for
@@ -225,10 +226,42 @@ class Capabilities:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidArgument(f"Capabilities({name}={value!r}): expected an int >= {least} ({what})")
+        self._check_precisions()
         if not isinstance(self.skip_regimes, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in self.skip_regimes.items()):
             raise InvalidArgument(f"Capabilities(skip_regimes={self.skip_regimes!r}): expected a dict of regime name "
                                   "-> the reason the kernel is not defined on it")
+
+    def _check_precisions(self) -> None:
+        """``computes_in`` declares a coarser precision than the input's (a float32 norm for float64 inputs, TF32's
+        dots for float32 ones). A finer one was accepted and made a correct kernel fail: a bfloat16 loop that
+        accumulates in float32 declared ``{"bfloat16": "float32"}`` and was held to float32's bound, with nothing
+        for its output's rounding to bfloat16, 1,980 times over it at L = 1 (a blind hunt, session 25). The output
+        is stored in the input dtype, whose rounding the bound already charges: finer work needs no declaration."""
+        from harness import dtypes
+
+        for name in ("computes_in", "chunk_computes_in"):
+            table = getattr(self, name)
+            if not isinstance(table, dict):
+                raise InvalidArgument(f"Capabilities({name}={table!r}): expected a dict of input dtype -> dtype")
+            for key, value in table.items():
+                try:
+                    finer = dtypes.unit_roundoff(value) < dtypes.unit_roundoff(key)
+                except (KeyError, TypeError, ValueError, InvalidArgument):
+                    raise InvalidArgument(f"Capabilities({name}={table!r}): {key!r} -> {value!r} is not a pair of "
+                                          f"dtype names; expected names from {sorted(dtypes.DTYPES)}") from None
+                if finer and name == "computes_in":
+                    raise InvalidArgument(
+                        f"Capabilities(computes_in={table!r}): {value} is finer than {key}; computes_in declares a "
+                        f"coarser precision than the input's (e.g. {{'float64': 'float32'}}). A kernel that works in "
+                        f"{value} and returns {key} needs no declaration: its output is stored in {key}, whose "
+                        f"rounding the bound charges; a chunk kernel forming its decays in {value} declares "
+                        f"chunk_computes_in={{{key!r}: {value!r}}}")
+                if not finer and value != key and name == "chunk_computes_in":
+                    raise InvalidArgument(
+                        f"Capabilities(chunk_computes_in={table!r}): {value} is not finer than {key}; "
+                        "chunk_computes_in declares decays formed in a finer dtype than the input's (e.g. "
+                        "{'bfloat16': 'float32'}); a coarser precision of the whole kernel is computes_in")
 
     def largest_square(self, rows: int, length: int | None = None) -> int | None:
         """The largest n (chunk or length, see `square_scores`) to draw for ``rows`` batch rows x heads
