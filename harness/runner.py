@@ -1017,8 +1017,31 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     if low and record.get("n_kernel_nonfinite"):  # NaN/Inf where the oracle is finite and in range: a range loss
         factor = (f"; its NaN/Inf come from its own intermediates leaving {precision}'s range (an overflow of "
                   f"the form, not of the inputs: the exact state and output are in range)")
+    elif low and again["verdict"] == Verdict.EQUIVALENT.value:
+        factor += _half_path_clause(problem, precision, ratio)
     why = f"{judgement.why}; precision loss: {found}{factor}"
     return "precision_loss", Judgement(judgement.verdict, why, judgement.rule)
+
+
+#: A half-precision case equivalent in float64 that errs at least this many times the same-dtype loop (or has one
+#: step) keeps ``precision_loss`` with `_half_path_clause` beside it.
+HALF_PATH_RATIO = 100.0
+
+
+def _half_path_clause(problem: Problem, precision: str, ratio: float | None) -> str:
+    """The why's caveat where precision loss is the less likely reading: one step has almost nothing to round,
+    and a correct form seldom errs `HALF_PATH_RATIO` times the same-dtype loop. A code path taken only for
+    half-precision inputs reads the same, since the float64 run takes the other path; the cause cannot tell them
+    apart and stays. Two blind hunts' half-only bugs at L = 1 (cond 962, 1.54e4 times the float16 loop; cond
+    15.5, 247 times the bfloat16 loop) read as "the algorithm is right and loses digits" (session 25)."""
+    one_step = problem.length <= 1
+    far = isinstance(ratio, float) and ratio >= HALF_PATH_RATIO
+    if not (one_step or far):
+        return ""
+    why = "one step has almost nothing to round" if one_step else f"{ratio:.3g}x the loop is more than rounding " \
+                                                                   "usually loses"
+    return (f"; but {why}: a code path taken only for {precision} inputs reads the same (the float64 run takes "
+            "the other path), so check the kernel's dtype branches")
 
 
 def range_lost(inputs: dict[str, torch.Tensor], dtype: str) -> str | None:

@@ -83,6 +83,11 @@ def test_one_step_gets_no_chunk_advice():
     record = run_case(spec, one)
     assert record["verdict"] == "divergent" and record["cause"] == "precision_loss", record["why"]
     assert "chunk" not in record["why"] and "chunked_cond_max" not in record, record["why"]
+    # and not "the algorithm is right and loses digits" alone: one step has almost nothing to round (session 25)
+    assert ("but one step has almost nothing to round: a code path taken only for float16 inputs reads the same"
+            in record["why"]), record["why"]
+    longer = run_case(spec, dataclasses.replace(one, length=12, seed=3))
+    assert longer["cause"] == "precision_loss" and "a code path taken only" in longer["why"], longer["why"]
     off = run_case(spec, one, RunOptions(precision_counterfactual=False))
     assert off["cause"] == "kernel_bug" and "chunk" not in off["why"], off["why"]
 
