@@ -296,7 +296,9 @@ def judge(
     if rec.n_kernel_nonfinite_in_domain > 0:
         why = (
             f"the kernel returns NaN/Inf at {rec.n_kernel_nonfinite_in_domain} element(s) where the oracle is "
-            f"finite and within {name} range, first at {_at(rec, rec.worst_index)}"
+            f"finite and within {name} range, first at {_at(rec, rec.worst_index)} (the exact state, decay products "
+            f"and output are in range there: the NaN/Inf arise in the kernel's own arithmetic, an intermediate "
+            f"that overflows, e.g. exp of a long cumulative log-decay sum, or a 0 * inf or 0/0)"
         )
         return Judgement(Verdict.DIVERGENT, why, "kernel_nonfinite")
 

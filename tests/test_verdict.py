@@ -131,6 +131,9 @@ def test_kernel_nan_in_domain_is_divergent_and_names_the_position():
     j = judge(measure(x, make_trace(out), dtype="float32"))
     assert j.verdict is Verdict.DIVERGENT and j.rule == "kernel_nonfinite"
     assert "t=6" in j.why and "channel=1" in j.why
+    # where they come from: a blind hunt's exp(S) * cumsum(exp(-S) x) form overflowed in float64 itself, and its
+    # float64 message gave no hint that the NaN were its own intermediates' (session 25)
+    assert "the NaN/Inf arise in the kernel's own arithmetic, an intermediate that overflows" in j.why
 
 
 def test_nothing_in_domain_is_out_of_domain():
