@@ -241,10 +241,15 @@ def _domain(recs: Sequence[Mapping[str, Any]]) -> str:
     span = _span(r.get("domain_onset_t") for r in recs)
     if not span:
         return ""
-    why = sorted({str(r.get("domain_cause")) for r in recs if r.get("domain_onset_t") is not None
-                  and r.get("domain_cause") not in (None, "none")})
-    phrases = [DOMAIN_PHRASES.get(c, c) for c in why]
-    return f"out of domain {span}" + (f": {' or '.join(phrases)}" if phrases else "")
+    counts: dict[str, int] = {}
+    for r in recs:
+        if r.get("domain_onset_t") is not None and r.get("domain_cause") not in (None, "none"):
+            counts[str(r.get("domain_cause"))] = counts.get(str(r.get("domain_cause")), 0) + 1
+    if len(counts) > 1:  # each cause with its cases: "A or B" read as if one case had either (a blind hunt, session 25)
+        phrases = [f"{DOMAIN_PHRASES.get(c, c)} ({n} case{'s' if n != 1 else ''})"
+                   for c, n in sorted(counts.items(), key=lambda cn: (-cn[1], cn[0]))]
+        return f"out of domain {span}: " + "; ".join(phrases)
+    return f"out of domain {span}" + (f": {DOMAIN_PHRASES.get(c, c)}" if (c := next(iter(counts), None)) else "")
 
 
 def _span(values: Iterable[Any]) -> str:

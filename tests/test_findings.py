@@ -48,8 +48,8 @@ def test_mamba_seed_findings(seed_records):
     assert lines == [
         "intree.{blelloch_selective_scan, sequential_selective_scan}, mambapy.{selective_scan, selective_scan_seq} "
         "(float32), regime unstable: **out_of_domain, input_overflow (the inputs overflow the dtype)**: out of "
-        "domain from t=143 to t=234: a product of decays exceeds the dtype's max or the float64 state exceeds the "
-        "dtype's max; no kernel at fault (12 cases)",
+        "domain from t=143 to t=234: the float64 state exceeds the dtype's max (8 cases); a product of decays "
+        "exceeds the dtype's max (4 cases); no kernel at fault (12 cases)",
         "mambapy.selective_scan vs mambapy.selective_scan_seq (float32), regime unstable: **out_of_domain, "
         "input_overflow (the inputs overflow the dtype)**: max |A - B| inf (float32 L=256 unstable); against the "
         "oracle: A out_of_domain, B out_of_domain; no kernel at fault (3 cases)",
