@@ -468,11 +468,9 @@ def cmd_replay(args) -> int:
                                   "its forward outputs; expected one of them")
         return _replay_pair(spec, _replay_kernel(args.against, problem.family.value), problem, args)
     record = replay(spec, problem, grad_of, RunOptions(policy=_policy(args)))
-    keys = ("kernel", "grad_of", "family", "dtype", "length", "regime", "verdict", "cause", "why", "cond_max", "max_abs",
-            "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class", "outcome", "error", "note")
-    for key in keys:
-        if record.get(key) is not None:
-            print(f"{key:>16}: {record[key]}")
+    _print_fields(record, ("kernel", "grad_of", "family", "dtype", "length", "regime", "verdict", "cause", "why",
+                           "cond_max", "max_abs", "max_rel", "ulp_max", "onset_t", "domain_onset_t", "nonfinite_class",
+                           "outcome", "error", "note"))
     if record["verdict"] in FAILING_VERDICTS:  # what `check` printed of this case, not only its fields
         from harness.api import call_context, failure_message
 
@@ -496,11 +494,15 @@ def _replay_pair(spec_a, spec_b, problem, args) -> int:
     from harness.runner import RunOptions, run_pair
 
     record = run_pair(spec_a, spec_b, problem, RunOptions(policy=_policy(args)))
-    for key in PAIR_FIELDS:
+    _print_fields(record, (*PAIR_FIELDS, "why"))
+    return EXIT_FAIL if record["verdict"] in FAILING_VERDICTS else EXIT_OK
+
+
+def _print_fields(record: dict, keys: tuple[str, ...]) -> None:
+    """A replayed record's ``keys`` it holds, one ``name: value`` line each."""
+    for key in keys:
         if record.get(key) is not None:
             print(f"{key:>16}: {record[key]}")
-    print(f"{'why':>16}: {record['why']}")
-    return EXIT_FAIL if record["verdict"] in FAILING_VERDICTS else EXIT_OK
 
 
 def _replay_kernel(kernel: str, family: str):

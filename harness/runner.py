@@ -177,8 +177,7 @@ def replay_command(kernel: "str | KernelSpec", problem: Problem) -> str:
     import json
     import shlex
 
-    name = kernel if isinstance(kernel, str) else (isolation.user_target(kernel) or kernel.name)
-    return (f"harness replay --kernel {shlex.quote(name)} "
+    return (f"harness replay --kernel {shlex.quote(_replay_name(kernel))} "
             f"--problem {shlex.quote(json.dumps(problem.to_dict(), sort_keys=True))}")
 
 
@@ -187,8 +186,12 @@ def pair_replay_command(spec_a: "str | KernelSpec", spec_b: "str | KernelSpec", 
     with ``--against B``. A pair row replayed A alone against the oracle, never the pair's difference."""
     import shlex
 
-    name = spec_b if isinstance(spec_b, str) else (isolation.user_target(spec_b) or spec_b.name)
-    return f"{replay_command(spec_a, problem)} --against {shlex.quote(name)}"
+    return f"{replay_command(spec_a, problem)} --against {shlex.quote(_replay_name(spec_b))}"
+
+
+def _replay_name(kernel: "str | KernelSpec") -> str:
+    """How a replay command names ``kernel``: a user kernel by its target, a registered one by its name."""
+    return kernel if isinstance(kernel, str) else (isolation.user_target(kernel) or kernel.name)
 
 
 def _spec_for(spec: "KernelSpec | str", problem: Problem) -> KernelSpec:
