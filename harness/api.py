@@ -312,7 +312,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     from harness.gradients import gradient_case
     from harness.kernels import isolation as _isolation
     from harness.runner import RunOptions, run_case as _run_case
-    from harness.settings import PROFILES, active_profile, limits, register_profiles, without_local_constants
+    from harness.settings import (PROFILES, active_profile, limits, register_profiles, without_local_constants,
+                                  without_seed_advice)
     from harness.strategies import problems
     from harness.verdict import Policy
 
@@ -419,7 +420,8 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
 
     key_search(search, spec, target, profile, dtypes)
     try:
-        with without_local_constants():  # the draws follow the seed, not the literals of the caller's code
+        # the draws follow the seed, not the literals of the caller's code; no "add @seed to this test"
+        with without_local_constants(), without_seed_advice():
             search()
         result.failure = None
     except (DivergenceError, ExceptionGroup) as exc:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from harness import dtypes, families
+from harness.kernels import isolation
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
@@ -287,14 +288,17 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     if got is None:
         return []  # the output carries no gradient (a kernel without autograd): nothing to check
     x64 = {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
+    isolation.raise_if_stopped()  # each of the oracle's backward passes below takes seconds at nightly lengths
     want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
     peaks: list[dict[str, torch.Tensor]] = []  # the backward's range domain, formed at the first divergent gradient
     base = None
     if storage != "float64":
         low = {k: v.to(DTYPE_NAMES[storage]) for k, v in x64.items()}
+        isolation.raise_if_stopped()
         base = _vjp(lambda x: _oracle_output(problem, x, spec.convention), low, names,
                     g.to(DTYPE_NAMES[storage]))
     # on the chunks the kernel's decays span (mamba-ssm's SSD reference: the whole sequence), as its forward
+    isolation.raise_if_stopped()
     adjoint = problem.definition.gradient_traces(chunk_blocking(spec, problem), x64, g, names, spec.convention) or {}
     alternatives = problem.definition.gradient_alternatives(problem, x64, want)
     records, bound_of = [], {}

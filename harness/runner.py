@@ -233,6 +233,9 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
     timings["t_inputs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    # a stop asked for while this process computes (the oracle, the loop, the measurement: seconds each at
+    # nightly lengths) is taken between those steps, not only at the next kernel wait (docs/isolation.md)
+    isolation.raise_if_stopped()
     traces = chunk_term_at(spec, problem, inputs, (cache.traces if cache is not None else reference_traces))
     trace = traces["output"]
     timings["t_oracle"] = time.perf_counter() - t0
@@ -244,6 +247,7 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
     record["replay"] = replay_command(spec, problem)
 
     worker, record["isolation"] = options.worker_for(spec, kernel_fn)
+    isolation.raise_if_stopped()  # an in-process call without a timeout has no wait that would take it
     result = _call_kernel(spec, problem, inputs, options, kernel_fn, worker, options.check_determinism)
     timings["t_kernel"] = result.seconds
     if keep_output is not None and result.output is not None:
@@ -270,6 +274,7 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
             record["chunk_precision"] = chunk_precision
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
     t0 = time.perf_counter()
+    isolation.raise_if_stopped()
     try:
         baselines = (cache.baselines if cache is not None else baseline_outputs)(
             problem.replace(dtype=storage), {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
@@ -278,6 +283,7 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
     timings["t_baseline"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    isolation.raise_if_stopped()
     div, judgement = _judge_outputs(problem, outputs, traces, baselines, precision, options, record)
     record.update({k: v for k, v in div.to_dict().items() if k not in record})
     timings["t_measure"] = time.perf_counter() - t0

@@ -120,3 +120,23 @@ def without_local_constants() -> Iterator[None]:
     finally:
         providers._get_local_constants = original
         cache.cache.clear()
+
+
+@contextlib.contextmanager
+def without_seed_advice() -> Iterator[None]:
+    """Hypothesis's advice to add ``@seed(N)`` "to this test" is not printed inside the block.
+
+    A check's search is not the user's test: a `harness check` stopped by SIGTERM printed "You can reproduce
+    this failure by adding @seed(...) to this test." above its own line, for a run that had not failed and a
+    test the user never wrote. Every case carries its own seed and replay command instead. Anything else
+    hypothesis reports is passed on."""
+    from hypothesis.reporting import current_reporter, with_reporter
+
+    outer = current_reporter()
+
+    def report(value: object) -> None:
+        if not (isinstance(value, str) and "@seed(" in value):
+            outer(value)
+
+    with with_reporter(report):
+        yield
