@@ -549,6 +549,19 @@ def larger_cases_cause(record: dict[str, Any], records: list[dict[str, Any]]) ->
     The cause is the one named on the search's largest failing case(s): a wrong decay is one constant
     factor on a one-step float16 case of one head, now and then, while its 1,056-element case names
     nothing (found on a user's SSD kernel: "constant_factor (1 of the search's 6)" misled)."""
+    cause = _on_largest_failures(record, records, "cause")
+    return None if cause in _UNNAMED_CAUSES else cause
+
+
+def larger_cases_slip(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+    """The slip (`harness.runner._named_slip`) that the search's largest failing cases were named where the shrunk
+    ``record`` is a ``kernel_bug`` with none: a half-precision case of one element is not tried, and a selective scan
+    that adds its bias after the softplus shrank to one bfloat16 element while 6 of its 7 largest cases named it."""
+    return None if record.get("slip") else _on_largest_failures(record, records, "slip")
+
+
+def _on_largest_failures(record: dict[str, Any], records: list[dict[str, Any]], key: str) -> Any:
+    """The most common ``key`` of the largest failing cases of ``record``'s search, for a shrunk ``kernel_bug``."""
     import collections
 
     if record.get("cause") != "kernel_bug":
@@ -557,9 +570,8 @@ def larger_cases_cause(record: dict[str, Any], records: list[dict[str, Any]]) ->
     if not same:
         return None
     largest = max(r.get("n_elements") or 0 for r in same)
-    top = collections.Counter(r.get("cause") for r in same if (r.get("n_elements") or 0) == largest)
-    cause = top.most_common(1)[0][0]
-    return None if cause in _UNNAMED_CAUSES else cause
+    top = collections.Counter(r.get(key) for r in same if (r.get("n_elements") or 0) == largest)
+    return top.most_common(1)[0][0]
 
 
 def _same_failures(record: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -570,16 +582,18 @@ def _same_failures(record: dict[str, Any], records: list[dict[str, Any]]) -> lis
 def named_on_larger_cases(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
     """A line for a failure message: `larger_cases_cause` with how many cases were so named and an example."""
     cause = larger_cases_cause(record, records)
-    if cause is None:
+    slip = None if cause is not None else larger_cases_slip(record, records)
+    if cause is None and slip is None:
         return None
     same = _same_failures(record, records)
-    named = [r for r in same if r.get("cause") == cause]
+    named = [r for r in same if (r.get("cause") == cause if slip is None else r.get("slip") == slip)]
     n = len(named)
     example = max(named, key=lambda r: r.get("n_elements") or 0)
     clause = str(example.get("why") or "").rsplit("; ", 1)[-1]
+    clause = clause.removeprefix("slip: ") if slip else clause
     clause = clause if len(clause) <= 300 else clause[:297] + "..."
-    return (f"Named on larger cases: {cause} ({n} of the search's {len(same)} {record.get('verdict')} cases; e.g. "
-            f"{example.get('dtype')} L={example.get('length')} {example.get('regime')}: {clause})")
+    return (f"Named on larger cases: {cause or 'slip'} ({n} of the search's {len(same)} {record.get('verdict')} cases; "
+            f"e.g. {example.get('dtype')} L={example.get('length')} {example.get('regime')}: {clause})")
 
 
 def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpec, result: CheckResult, store,

@@ -161,6 +161,8 @@ class RunOptions:
     factor_counterfactual: bool = True
     # judge a divergent output against the oracle's on the inputs with two axes swapped (`_swapped_layout`)
     layout_counterfactual: bool = True
+    # judge a divergent output against the oracle's with an optional term or the softplus left out (`_named_slip`)
+    slip_counterfactual: bool = True
     isolation: str = field(default_factory=isolation.default_isolation)
     oracle_cache: Any = None  # a harness.oracle_cache.OracleCache shared by the run's cases, or None
 
@@ -393,6 +395,12 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         if found is not None:
             cause, judgement = "constant_factor", Judgement(judgement.verdict, f"{judgement.why}; {found}",
                                                             judgement.rule)
+    if cause == "kernel_bug" and handed_back is None and not record.get("future_leak") and options.slip_counterfactual:
+        t0 = time.perf_counter()
+        found = _named_slip(problem, inputs, outputs, precision, options, record, spec.convention)
+        timings["t_slip"] = time.perf_counter() - t0
+        if found is not None:
+            judgement = Judgement(judgement.verdict, f"{judgement.why}; {found}", judgement.rule)
     timings["t_case"] = time.perf_counter() - began
     _finish(record, judgement, cause=cause, timings=timings)
     if store is not None:
@@ -859,6 +867,38 @@ def _swapped_layout(problem: Problem, inputs: dict[str, torch.Tensor], outputs: 
     return (f"layout: the output is the oracle's on the inputs read as {layout} (axes 1 and 2, the sequence and "
             f"{field_name}, swapped; cond_max {div.cond_max:.3g}): the kernel takes another layout than the "
             f"family's; transpose(1, 2) its inputs and its output in a wrapper")
+
+
+def _named_slip(problem: Problem, inputs: dict[str, torch.Tensor], outputs: dict[str, Any], precision: str,
+                options: RunOptions, record: dict[str, Any], convention: RetentionConvention = RETNET) -> str | None:
+    """Whether a divergent output is what a kernel returns that leaves out one of the case's optional terms (D,
+    the gate silu(z), the step's bias) or its softplus, or adds the bias after the softplus: the why's clause
+    naming the first such slip, else None.
+
+    The oracle and the same-dtype loop run once more per slip of the family (`FamilyDef.slips`) and the output is
+    judged against them as a case is (a step left without its softplus grows, and the bound alone is not enough). The cause stays ``kernel_bug``: the slip is the bug, and the clause says which.
+    A blind hunt's selective scan without D was shrunk to L = 1 with nothing but ACTUAL and DESIRED to go on.
+    As for a factor, a half-precision output of a few elements is not tried (`FACTOR_MIN_ELEMENTS_KNOWN`). The
+    record has ``slip`` (what the kernel does) and ``slip_cond_max``."""
+    out = outputs.get("output")
+    if out is None:
+        return None
+    if precision in ("float16", "bfloat16") and out.numel() < FACTOR_MIN_ELEMENTS_KNOWN:
+        return None
+    storage = dtypes.dtype_key(dtypes.torch_dtype(precision))
+    for what, variant, x in problem.definition.slips(problem, inputs):
+        try:
+            trace = reference_traces(variant, x, convention)["output"]
+            loop = baseline_output(variant.replace(dtype=storage), {k: v.to(DTYPE_NAMES[storage]) for k, v in x.items()},
+                                   convention)
+        except (InvalidArgument, ValueError, RuntimeError):
+            continue
+        div, judgement = _judge_outputs(problem, {"output": out}, {"output": trace},
+                                        None if loop is None else {"output": loop}, precision, options)
+        if explains(judgement):
+            record["slip"], record["slip_cond_max"] = what, div.cond_max
+            return f"slip: the output is the oracle's for a kernel that {what} (cond_max {div.cond_max:.3g})"
+    return None
 
 
 def explains(judgement: Judgement) -> bool:

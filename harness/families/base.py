@@ -48,6 +48,35 @@ def limit_scale(regime: str, dtype: str, *, power: float, large_div: float, tiny
     return 1.0
 
 
+def option_slips(p: "Problem", x: dict[str, torch.Tensor], *, terms: tuple[tuple[str, str], ...], step: str,
+                 bias: str, softplus: str, biased: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 ) -> list[tuple[str, "Problem", dict[str, torch.Tensor]]]:
+    """The slips of a kernel with the selective options (`FamilyDef.slips`): each optional input of ``terms``
+    (name, what it is) that the case hands left out; the softplus of the step left out, or applied though the
+    case asks for none; and the bias added after the softplus (``softplus(step) + bias``, not
+    ``softplus(step + bias)``), as the step ``softplus(step) + bias`` formed here in float64 without softplus.
+    ``biased(step, bias)`` adds the bias with the family's broadcasting."""
+    import torch.nn.functional as F
+
+    from reference_impls.selective_scan import SOFTPLUS_THRESHOLD
+
+    found = [(f"leaves out {what}", p, {k: v for k, v in x.items() if k != name}) for name, what in terms if name in x]
+    try:
+        flipped = p.replace(delta_softplus=not p.delta_softplus)
+    except (InvalidArgument, ValueError):
+        return found
+    if not p.delta_softplus:
+        return found + [(f"applies softplus to {step} though the case passes {softplus}=False", flipped, x)]
+    found.append((f"does not apply softplus to {step}{f' + {bias}' if bias in x else ''} ({softplus}=True)", flipped,
+                  x))
+    if bias in x:
+        after = biased(F.softplus(x[step].to(torch.float64), beta=1.0, threshold=SOFTPLUS_THRESHOLD),
+                       x[bias].to(torch.float64))
+        found.append((f"adds {bias} after the softplus (softplus({step}) + {bias}, not softplus({step} + {bias}))",
+                      flipped, {**{k: v for k, v in x.items() if k != bias}, step: after}))
+    return found
+
+
 class FamilyDef:
     """One family's definition. Subclasses set the class attributes and override what differs.
 
@@ -102,6 +131,12 @@ class FamilyDef:
     scale_keyword: str | None = None
     packed_keyword: str | None = None
     swapped_layout: tuple[str, str] | None = None
+
+    def slips(self, p: "Problem", x: dict[str, torch.Tensor]) -> list[tuple[str, "Problem", dict[str, torch.Tensor]]]:
+        """``(what the kernel does, problem, inputs)``: the oracle on that problem and those inputs computes what
+        a kernel returns that makes that slip on ``p`` and ``x`` (leaves out an optional term, or the softplus;
+        `harness.runner._named_slip`). None here: the selective families override it (`option_slips`)."""
+        return []
 
     def input_length_axis(self, name: str) -> int | None:
         """The sequence axis of input ``name`` (the output's ``length_axis``), or None for an input that holds

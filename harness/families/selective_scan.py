@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.families.base import FamilyDef, randn, uniform
+from harness.families.base import FamilyDef, option_slips, randn, uniform
 from harness.families.ssd import SOFTPLUS_CONVENTIONS_AGREE, SOFTPLUS_SHIFT
 from harness.kernels.contract import Family
 
@@ -129,6 +129,12 @@ class SelectiveScan(FamilyDef):
             return trace
         chunk = selective_scan_chunk_growth(*args, **kw, chunk_size=p.chunk_size)
         return replace(trace, growth=trace.growth + chunk, chunk_growth=chunk)
+
+    def slips(self, p, x):
+        return option_slips(p, x, terms=(("D", "the skip term D * u"), ("z", "the output gate silu(z)"),
+                                         ("delta_bias", "delta_bias (delta used without it)")),
+                            step="delta", bias="delta_bias", softplus="delta_softplus",
+                            biased=lambda step, bias: step + bias[:, None])
 
     def differentiable(self, p, x, convention):
         from reference_impls import autograd as ad

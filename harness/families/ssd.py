@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.errors import InvalidArgument
-from harness.families.base import draw_size, randn, uniform
+from harness.families.base import draw_size, option_slips, randn, uniform
 from harness.families.simple_gla import StatefulFamily, check_decay_floor, decay_floor, draw_state_options
 from harness.kernels.contract import Family
 
@@ -188,6 +188,11 @@ class SSD(StatefulFamily):
                       dt_bias=x.get("dt_bias"), dt_softplus=p.delta_softplus, initial_states=x.get("initial_states"),
                       seq_idx=self.seq_idx(p), return_final_states=p.final_state)
         return self.targets(p, t)
+
+    def slips(self, p, x):
+        return option_slips(p, x, terms=(("D", "the skip term D * x"), ("z", "the output gate silu(z)"),
+                                         ("dt_bias", "dt_bias (dt used without it)")),
+                            step="dt", bias="dt_bias", softplus="dt_softplus", biased=lambda step, bias: step + bias)
 
     def differentiable(self, p, x, convention):
         from reference_impls import autograd as ad
