@@ -549,23 +549,38 @@ def larger_cases_cause(record: dict[str, Any], records: list[dict[str, Any]]) ->
     The cause is the one named on the search's largest failing case(s): a wrong decay is one constant
     factor on a one-step float16 case of one head, now and then, while its 1,056-element case names
     nothing (found on a user's SSD kernel: "constant_factor (1 of the search's 6)" misled)."""
+    if record.get("cause") != "kernel_bug":
+        return None
     cause = _on_largest_failures(record, records, "cause")
     return None if cause in _UNNAMED_CAUSES else cause
+
+
+#: Causes that name a convention (a scale, a layout) where a bug can look like one on a case small enough.
+_CONVENTION_CAUSES = ("constant_factor", "layout")
+
+
+def larger_cases_unnamed(record: dict[str, Any], records: list[dict[str, Any]]) -> bool:
+    """Whether the shrunk ``record`` names a convention (`_CONVENTION_CAUSES`) while the search's largest failing
+    cases were a bare ``kernel_bug``: a chunk form that leaves its last, partial chunk unscaled shrank below one
+    chunk, where the whole output is that chunk and reads "the scale= passed was ignored", while every larger case
+    was a kernel_bug from the partial chunk's first step (blind hunt 26a)."""
+    return (record.get("cause") in _CONVENTION_CAUSES
+            and _on_largest_failures(record, records, "cause") == "kernel_bug")
 
 
 def larger_cases_slip(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
     """The slip (`harness.runner._named_slip`) that the search's largest failing cases were named where the shrunk
     ``record`` is a ``kernel_bug`` with none: a half-precision case of one element is not tried, and a selective scan
     that adds its bias after the softplus shrank to one bfloat16 element while 6 of its 7 largest cases named it."""
-    return None if record.get("slip") else _on_largest_failures(record, records, "slip")
+    if record.get("cause") != "kernel_bug" or record.get("slip"):
+        return None
+    return _on_largest_failures(record, records, "slip")
 
 
 def _on_largest_failures(record: dict[str, Any], records: list[dict[str, Any]], key: str) -> Any:
-    """The most common ``key`` of the largest failing cases of ``record``'s search, for a shrunk ``kernel_bug``."""
+    """The most common ``key`` of the largest failing cases of ``record``'s search."""
     import collections
 
-    if record.get("cause") != "kernel_bug":
-        return None
     same = _same_failures(record, records)
     if not same:
         return None
@@ -581,11 +596,25 @@ def _same_failures(record: dict[str, Any], records: list[dict[str, Any]]) -> lis
 
 def named_on_larger_cases(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
     """A line for a failure message: `larger_cases_cause` with how many cases were so named and an example."""
+    from harness.verdict import chunk_position
+
+    same = _same_failures(record, records)
+    if larger_cases_unnamed(record, records):
+        bugs = [r for r in same if r.get("cause") == "kernel_bug"]
+        example = max(bugs, key=lambda r: r.get("n_elements") or 0)
+        chunk = example.get("chunk_size")
+        onset = example.get("onset_t")
+        return (f"Larger cases: kernel_bug ({len(bugs)} of the search's {len(same)} {record.get('verdict')} cases; "
+                f"e.g. {example.get('dtype')} L={example.get('length')}"
+                + (f" chunk_size {chunk}" if chunk else "")
+                + (f", first mismatch at t={onset}{chunk_position(onset, example.get('length'), chunk)}"
+                   if onset is not None else "")
+                + f"): this case's {record.get('cause')} may be how the bug looks on a case this small; "
+                "replay the larger case (its record in the report) to see where it starts")
     cause = larger_cases_cause(record, records)
     slip = None if cause is not None else larger_cases_slip(record, records)
     if cause is None and slip is None:
         return None
-    same = _same_failures(record, records)
     named = [r for r in same if (r.get("cause") == cause if slip is None else r.get("slip") == slip)]
     n = len(named)
     example = max(named, key=lambda r: r.get("n_elements") or 0)

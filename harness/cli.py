@@ -354,7 +354,7 @@ def search_outcome(result) -> str:
     says what its larger cases were named (the message's "Named on larger cases"); regimes no case drew are named."""
     import collections
 
-    from harness.api import larger_cases_cause, larger_cases_slip
+    from harness.api import larger_cases_cause, larger_cases_slip, larger_cases_unnamed
 
     forward = [r for r in result.records if r.get("mode") != "grad"]
     grads = [r for r in result.records if r.get("mode") == "grad"]
@@ -365,7 +365,8 @@ def search_outcome(result) -> str:
         larger = larger_cases_cause(failure, result.records)
         slip = None if larger else larger_cases_slip(failure, result.records)
         named = (f" (named {larger} on larger cases)" if larger
-                 else f" (larger cases: a kernel that {slip})" if slip else "")
+                 else f" (larger cases: a kernel that {slip})" if slip
+                 else " (larger cases: kernel_bug)" if larger_cases_unnamed(failure, result.records) else "")
         outcome = f"{failure['verdict']}, {failure.get('cause')}{named}{grad}, shrunk to L={failure.get('length')}"
     line = f"{outcome}; {len(forward)} case{'' if len(forward) == 1 else 's'} run"
     unjudged = collections.Counter(r.get("cause") for r in forward if r.get("verdict") == "out_of_domain")

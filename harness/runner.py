@@ -958,7 +958,9 @@ def _final_state(problem: Problem, trace, got: torch.Tensor | None, baseline: to
         record["verdict_target"] = "final_state"  # the counterfactuals then compare the final state's errors
         if isinstance(got, torch.Tensor) and tuple(got.shape) == want and got.dtype in taken:  # the message shows
             record.update({f"final_state_{key}": found[key] for key in FINAL_STATE_SHOWN if key in found})
-        return Judgement(state.verdict, f"final state: {state.why}", state.rule)
+        # its positions are sequences (packed rows), not steps
+        return Judgement(state.verdict, "final state: " + state.why.replace(", from t=", ", from sequence "),
+                         state.rule)
     return judgement
 
 

@@ -432,6 +432,16 @@ _HEADLINES: dict[Verdict, str] = {
 }
 
 
+def chunk_position(t: Any, length: Any, chunk: Any) -> str:
+    """`` (the first step of chunk i[, the last and partial one])`` where position ``t`` of a case of ``length``
+    steps at ``chunk`` starts a chunk, else "": a chunk form's slip at its chunk boundaries or in its last, partial
+    chunk starts there (a blind hunt's unscaled tail chunk started at t = 256 of 257, chunk 32)."""
+    if not (isinstance(chunk, int) and chunk > 0 and isinstance(t, int) and isinstance(length, int)) or t % chunk:
+        return ""
+    last = t == (length - 1) // chunk * chunk and length % chunk
+    return f" (the first step of chunk {t // chunk}" + (", the last and partial one" if last else "") + ")"
+
+
 def format_failure(
     record: Divergence | Mapping[str, Any] | None,
     judgement: Judgement,
@@ -455,8 +465,14 @@ def format_failure(
                  "state's, shape (sequence, head, k, v); its output is not what fails)."]
     if rec is not None and not rec.problem and rec.n_elements and judgement.verdict is not Verdict.KERNEL_ERROR:
         regime = record.get("regime") if isinstance(record, Mapping) else None  # which inputs (harness.problems)
+        chunk = record.get("chunk_size") if isinstance(record, Mapping) else None
+        # a final state's measurement runs along its sequences, not the case's steps: the case's own L is the
+        # record's (a failing final state read "shape (1, 2, 16, 9), L=1" for a case of L = 1,669; blind hunt 26a)
+        length = record.get("length") if final is not None else rec.length
         case = (f"dtype {rec.dtype}" + (" (tf32)" if rec.tf32 else "") + (f", regime {regime}" if regime else "")
-                + f", shape {tuple(rec.shape)}, L={rec.length}")
+                + f", shape {tuple(rec.shape)}" + (" (the final state's)" if final is not None else "")
+                + f", L={length}" + (f", chunk_size {chunk} (L mod chunk_size = {length % chunk})"
+                                     if isinstance(chunk, int) and isinstance(length, int) and chunk > 0 else ""))
         lines.append(f"Case: {case}")
         pct = 100.0 * rec.n_mismatch / rec.n_in_domain if rec.n_in_domain else 0.0
         lines.append(
@@ -477,6 +493,7 @@ def format_failure(
             f"ulp max {_g(rec.ulp_max)}"
         )
         onset = f"first mismatch at t={rec.onset_t} of {rec.length}" if rec.onset_t is not None else "no mismatch"
+        onset += chunk_position(rec.onset_t, rec.length, chunk)
         half = (
             f"; max cond error {_g(rec.max_error_first_half)} in the first half, "
             f"{_g(rec.max_error_second_half)} in the second"
@@ -490,6 +507,9 @@ def format_failure(
             # a mismatch at isolated positions: a fitted growth of a spike read "grows like (t+1)^0.73"
             growth = (f"; mismatched at {rec.n_mismatch_t} of the {after} positions from there, the rest within the "
                       "bound: an error at isolated positions, not one that grows")
+        if final is not None:  # per sequence (packed rows): no position, no halves, no growth
+            onset, half, growth = ((f"first mismatch in sequence {rec.onset_t} of {rec.length}"
+                                    if rec.onset_t is not None else "no mismatch"), "", "")
         lines.append(f"Onset: {onset}{half}{growth}")
         if rec.has_baseline:
             lines.append(
