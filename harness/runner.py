@@ -288,6 +288,10 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
     isolation.raise_if_stopped()
     div, judgement = _judge_outputs(problem, outputs, traces, baselines, precision, options, record)
     record.update({k: v for k, v in div.to_dict().items() if k not in record})
+    if judgement.rule == "kernel_nonfinite":  # which of the family's intermediates overflows on this case, if known
+        hint = problem.definition.nonfinite_hint(problem, inputs, precision)
+        if hint:
+            judgement = Judgement(judgement.verdict, f"{judgement.why}; {hint}", judgement.rule)
     timings["t_measure"] = time.perf_counter() - t0
 
     cause = {Verdict.EQUIVALENT: "rounding", Verdict.DIVERGENT: "kernel_bug",

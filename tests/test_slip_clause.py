@@ -123,3 +123,29 @@ def test_a_shrunk_case_too_small_to_name_its_slip_says_what_its_larger_cases_wer
     assert line.startswith("Named on larger cases: slip (1 of the search's 2 divergent cases") and \
         "a kernel that adds delta_bias after the softplus" in line and "slip: the" not in line, line
     assert larger_cases_slip(larger, [larger, shrunk]) is None  # named on its own case
+
+
+def ssd_softplus_in_half(x, dt, A, B, C, chunk_size=None, D=None, z=None, dt_bias=None, dt_softplus=False):
+    """Correct but for float16: softplus as log1p(exp(dt)) in the input's dtype, inf for 11.09 < dt <= 20."""
+    dt = dt + dt_bias if dt_bias is not None else dt
+    if dt_softplus:
+        dt = torch.where(dt > 20, dt, torch.log1p(torch.exp(dt)))
+    return ssd(x, dt, A, B, C, None, D=D, z=z, compute_dtype=x.dtype).to(x.dtype)
+
+
+def test_a_softplus_that_overflows_float16_is_named_in_a_nonfinite_why():
+    """A blind hunt's SSD loop (26a) returned inf from dt = 11.1 on, and the why's example of an intermediate that
+    overflows (a long cumulative log-decay sum) sent its author to the decays."""
+    from harness.families.base import softplus_overflow
+
+    base = Problem(family="ssd", length=4, dtype="float16", batch=1, heads=1, dv=1, state=1, groups=1, seed=1,
+                   delta_softplus=True)
+    ones = lambda n: [1.0] * n  # noqa: E731
+    problem = base.replace(values={"x": ones(4), "dt": [0.5, 12.0, 0.5, 0.5], "A": [-1.0], "B": ones(4),
+                                   "C": ones(4)})
+    record = run_case(user_kernel_spec(ssd_softplus_in_half, family="ssd"), problem)
+    assert record["verdict"] == "divergent" and "kernel_nonfinite" == record["rule"], record["why"]
+    assert "1 of the case's 4 steps (with their bias) lie between 11.09 and 20, where a softplus computed as " \
+           "log1p(exp(x)) in float16 overflows" in record["why"], record["why"]
+    assert softplus_overflow(base, torch.tensor([12.0]), "float32") is None  # float32's exp passes 88.7 only
+    assert softplus_overflow(base, torch.tensor([25.0, 5.0]), "float16") is None  # above 20 softplus is x

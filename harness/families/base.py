@@ -77,6 +77,27 @@ def option_slips(p: "Problem", x: dict[str, torch.Tensor], *, terms: tuple[tuple
     return found
 
 
+#: The largest x whose exp is finite in float16 (exp(11.09) = 65,500): a softplus computed as log1p(exp(x)) in
+#: float16 overflows for x above it, below the threshold (20) where softplus returns x.
+FLOAT16_EXP_MAX = math.log(65504.0)
+
+
+def softplus_overflow(p: "Problem", step: torch.Tensor, precision: str) -> str | None:
+    """The clause for a float16 case with softplus whose steps (``step``: the step plus its bias) reach past
+    `FLOAT16_EXP_MAX`: a blind hunt's SSD loop computed ``log1p(exp(dt))`` in float16 and returned inf from dt =
+    11.1 on, and the why's example (a long cumulative log-decay sum) sent its author to the decays."""
+    from reference_impls.selective_scan import SOFTPLUS_THRESHOLD
+
+    if precision != "float16" or not p.delta_softplus:
+        return None
+    over = int(((step > FLOAT16_EXP_MAX) & (step <= SOFTPLUS_THRESHOLD)).sum())
+    if not over:
+        return None
+    return (f"{over} of the case's {step.numel()} steps (with their bias) lie between {FLOAT16_EXP_MAX:.4g} and "
+            f"{SOFTPLUS_THRESHOLD:g}, where a softplus computed as log1p(exp(x)) in float16 overflows to inf (exp "
+            "passes 65,504) while softplus(x) is about x: compute the softplus in float32, as mamba-ssm does")
+
+
 class FamilyDef:
     """One family's definition. Subclasses set the class attributes and override what differs.
 
@@ -137,6 +158,11 @@ class FamilyDef:
         a kernel returns that makes that slip on ``p`` and ``x`` (leaves out an optional term, or the softplus;
         `harness.runner._named_slip`). None here: the selective families override it (`option_slips`)."""
         return []
+
+    def nonfinite_hint(self, p: "Problem", x: dict[str, torch.Tensor], precision: str) -> str | None:
+        """A clause for a kernel's NaN/Inf where the oracle is finite, naming an intermediate of this family that
+        overflows ``precision`` on this case; None here (the selective families: `softplus_overflow`)."""
+        return None
 
     def input_length_axis(self, name: str) -> int | None:
         """The sequence axis of input ``name`` (the output's ``length_axis``), or None for an input that holds

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.families.base import FamilyDef, option_slips, randn, uniform
+from harness.families.base import FamilyDef, option_slips, randn, softplus_overflow, uniform
 from harness.families.ssd import SOFTPLUS_CONVENTIONS_AGREE, SOFTPLUS_SHIFT
 from harness.kernels.contract import Family
 
@@ -129,6 +129,11 @@ class SelectiveScan(FamilyDef):
             return trace
         chunk = selective_scan_chunk_growth(*args, **kw, chunk_size=p.chunk_size)
         return replace(trace, growth=trace.growth + chunk, chunk_growth=chunk)
+
+    def nonfinite_hint(self, p, x, precision):
+        bias = x.get("delta_bias")
+        step = x["delta"].to(torch.float64)
+        return softplus_overflow(p, step if bias is None else step + bias.to(torch.float64)[:, None], precision)
 
     def slips(self, p, x):
         return option_slips(p, x, terms=(("D", "the skip term D * u"), ("z", "the output gate silu(z)"),

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.errors import InvalidArgument
-from harness.families.base import draw_size, option_slips, randn, uniform
+from harness.families.base import draw_size, option_slips, randn, softplus_overflow, uniform
 from harness.families.simple_gla import StatefulFamily, check_decay_floor, decay_floor, draw_state_options
 from harness.kernels.contract import Family
 
@@ -188,6 +188,11 @@ class SSD(StatefulFamily):
                       dt_bias=x.get("dt_bias"), dt_softplus=p.delta_softplus, initial_states=x.get("initial_states"),
                       seq_idx=self.seq_idx(p), return_final_states=p.final_state)
         return self.targets(p, t)
+
+    def nonfinite_hint(self, p, x, precision):
+        bias = x.get("dt_bias")
+        step = x["dt"].to(torch.float64)
+        return softplus_overflow(p, step if bias is None else step + bias.to(torch.float64), precision)
 
     def slips(self, p, x):
         return option_slips(p, x, terms=(("D", "the skip term D * x"), ("z", "the output gate silu(z)"),
