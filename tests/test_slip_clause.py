@@ -68,7 +68,6 @@ def _selective(dtype: str, softplus: bool = True) -> Problem:
     (no_D, True, "leaves out the skip term D * u"),
     (no_gate, True, "leaves out the output gate silu(z)"),
     (no_bias, True, "leaves out delta_bias"),
-    (no_softplus, True, "does not apply softplus to delta + delta_bias"),
     (softplus_always, False, "applies softplus to delta though the case passes delta_softplus=False"),
     (bias_after_softplus, True, "adds delta_bias after the softplus"),
 ], ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
@@ -77,6 +76,16 @@ def test_a_selective_scan_s_slip_is_named(kernel, softplus, slip, dtype):
     assert record["verdict"] == "divergent" and record["cause"] == "kernel_bug", record["why"]
     assert record["slip"].startswith(slip) and record["slip_cond_max"] >= 0, record  # within the bound or the loop
     assert f"slip: the output is the oracle's for a kernel that {slip}" in record["why"], record["why"]
+
+
+def test_a_slip_whose_loop_is_beyond_the_bound_itself_is_not_named():
+    """Without softplus this case's steps go negative and its decays grow past float32: the loop without softplus,
+    bit for bit the kernel's output, is beyond the bound too (cond 1.41, within it only by the loop's own
+    measure), so it vouches for nothing. A loose loop named three other bugs "does not apply softplus" in the ci
+    calibration (bfloat16, `large`); float64 is held to the bound alone and names it."""
+    spec = user_kernel_spec(no_softplus, family="selective_scan")
+    assert "slip" not in run_case(spec, _selective("float32")), "a loop beyond the bound vouched"
+    assert run_case(spec, _selective("float64"))["slip"].startswith("does not apply softplus to delta + delta_bias")
 
 
 def test_another_bug_is_named_no_slip_and_the_option_turns_it_off():
