@@ -275,7 +275,12 @@ def _worst(recs: Sequence[Mapping[str, Any]], pair: bool) -> str:
     where = " ".join(p for p in (_text(top.get("kernel")) if len({_text(r.get("kernel")) for r in recs}) > 1 else "",
                                  _text(top.get("dtype")), f"L={format_value(number(top.get('length')))}",
                                  _text(top.get("regime"))) if p and p != "-")
-    return f"{label} {format_value(number(value(top)))} ({where})"
+    said = f"{label} {format_value(number(value(top)))} ({where})"
+    # a kernel's NaN/Inf is no cond: its cases read "worst cond -" or the finite elements' cond (blind hunt 26a)
+    nonfinite = sum(1 for r in recs if number(r.get("n_kernel_nonfinite_in_domain")) > 0)
+    if nonfinite and not pair:
+        said += f"; NaN/Inf where the oracle is finite in {nonfinite} case{'' if nonfinite == 1 else 's'}"
+    return said
 
 
 def _errors(recs: Sequence[Mapping[str, Any]]) -> list[str]:

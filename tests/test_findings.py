@@ -345,3 +345,17 @@ def test_answer_table_filters_orders_and_takes_the_worst():
 def test_bad_answer_declarations_name_the_key(data, match):
     with pytest.raises(InvalidArgument, match=match):
         AnswerTable.from_dict(data, "sweep x.toml: answer 0")
+
+
+def test_a_kernel_s_nan_or_inf_is_said_beside_the_worst_cond():
+    """A float16 SSD loop returned inf at 147 elements where the oracle is 0.51; its line read "worst cond 0.188"
+    (the finite elements') and another kernel's "worst cond -" (blind hunt 26a)."""
+    records = [_record("k.a", "divergent", "precision_loss", cond_max=0.188, n_kernel_nonfinite_in_domain=147,
+                       onset_t=240),
+               _record("k.a", "divergent", "precision_loss", cond_max=1.5, n_kernel_nonfinite_in_domain=0, onset_t=3),
+               _record("k.b", "divergent", "kernel_bug", cond_max=float("nan"), n_kernel_nonfinite_in_domain=4,
+                       onset_t=1)]
+    lines = [f.line() for f in findings(records)]
+    assert "worst cond 1.5 (float32 L=64 trained); NaN/Inf where the oracle is finite in 1 case;" in lines[1], lines
+    assert "worst cond - (float32 L=64 trained); NaN/Inf where the oracle is finite in 1 case;" in lines[0], lines
+    assert "NaN/Inf" not in findings([_record("k.c", "divergent", "kernel_bug", cond_max=3.0)])[0].line()
