@@ -507,6 +507,8 @@ def format_failure(
             # a mismatch at isolated positions: a fitted growth of a spike read "grows like (t+1)^0.73"
             growth = (f"; mismatched at {rec.n_mismatch_t} of the {after} positions from there, the rest within the "
                       "bound: an error at isolated positions, not one that grows")
+        elif after == 1 and rec.length > 1:  # a spike at the end read "grows like (t+1)^5.45" (hunt 26a)
+            growth = "; at the last position only, no growth to fit"
         if final is not None:  # per sequence (packed rows): no position, no halves, no growth
             onset, half, growth = ((f"first mismatch in sequence {rec.onset_t} of {rec.length}"
                                     if rec.onset_t is not None else "no mismatch"), "", "")

@@ -284,6 +284,10 @@ def test_an_error_at_isolated_positions_is_not_given_a_growth_exponent():
     assert "Onset: first mismatch at t=0 of 1" in msg and "second" not in msg  # one step has no second half
     older = {k: v for k, v in lasting.to_dict().items() if k != "n_mismatch_t"}  # a record written before the field
     assert "like (t+1)^" in format_failure(older, judge(older), "r")
+    last = _ones({15: 10})  # a spike at the last position read "grows like (t+1)^5.45" (blind hunt 26a)
+    msg = format_failure(last, judge(last), "r")
+    assert "Onset: first mismatch at t=15 of 16" in msg and "like (t+1)^" not in msg, msg
+    assert "at the last position only, no growth to fit" in msg, msg
 
 
 def test_a_record_s_message_names_its_cause():
