@@ -594,6 +594,32 @@ def _same_failures(record: dict[str, Any], records: list[dict[str, Any]]) -> lis
             and r.get("mode") == record.get("mode")]
 
 
+def larger_cases_chunk_onset(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+    """A line for a shrunk ``kernel_bug`` whose search's failing cases of more than one chunk (two at least) all
+    first mismatch at a chunk's first step after the first: at the last, partial chunk's (a slip in the tail chunk)
+    or at the chunk boundaries (the state carried into a chunk); None otherwise. A chunk form that left its partial
+    tail chunk unscaled shrank to one step in float16, where nothing showed that every larger case had started at
+    t = floor(L / C) * C (blind hunt 26a)."""
+    from harness.verdict import chunk_position
+
+    if record.get("cause") != "kernel_bug":
+        return None
+    multi = [r for r in _same_failures(record, records)
+             if isinstance(r.get("chunk_size"), int) and isinstance(r.get("length"), int)
+             and isinstance(r.get("onset_t"), int) and 0 < r["chunk_size"] < r["length"]]
+    where = [chunk_position(r["onset_t"], r["length"], r["chunk_size"]) for r in multi]
+    if len(multi) < 2 or not all(where) or any(r["onset_t"] == 0 for r in multi):
+        return None
+    tail = all("partial" in w for w in where)
+    example = max(multi, key=lambda r: r.get("n_elements") or 0)
+    return (f"Larger cases: all {len(multi)} of the search's {record.get('verdict')} cases of more than one chunk first "
+            f"mismatch at {'the first step of their last, partial chunk' if tail else 'a chunk boundary'} (e.g. "
+            f"{example.get('dtype')} L={example.get('length')} chunk_size {example.get('chunk_size')}: t="
+            f"{example.get('onset_t')}): "
+            + ("a slip in the tail chunk, where L is not a multiple of chunk_size" if tail
+               else "a slip at the chunk boundaries, in the state carried into a chunk"))
+
+
 def named_on_larger_cases(record: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
     """A line for a failure message: `larger_cases_cause` with how many cases were so named and an example."""
     from harness.verdict import chunk_position
@@ -614,7 +640,7 @@ def named_on_larger_cases(record: dict[str, Any], records: list[dict[str, Any]])
     cause = larger_cases_cause(record, records)
     slip = None if cause is not None else larger_cases_slip(record, records)
     if cause is None and slip is None:
-        return None
+        return larger_cases_chunk_onset(record, records)
     named = [r for r in same if (r.get("cause") == cause if slip is None else r.get("slip") == slip)]
     n = len(named)
     example = max(named, key=lambda r: r.get("n_elements") or 0)

@@ -78,3 +78,22 @@ def test_a_convention_named_on_a_shrunk_case_says_its_larger_cases_were_a_kernel
     # a convention that the larger cases name too is left as it is
     same = [_record("constant_factor", 257, 257, 0), shrunk]
     assert not larger_cases_unnamed(shrunk, same) and named_on_larger_cases(shrunk, same) is None
+
+
+def test_a_shrunk_kernel_bug_says_where_its_larger_chunked_cases_started():
+    """The same unscaled tail chunk in float16 shrank to one step, a plain kernel_bug; every larger case had
+    started at its last, partial chunk's first step."""
+    shrunk = _record("kernel_bug", 2, 1, 0, chunk=16)
+    tail = [_record("kernel_bug", 1143, 1143, 1088, chunk=64), _record("kernel_bug", 257, 257, 256),
+            _record("kernel_bug", 8, 8, 0)]  # one chunk: no evidence either way
+    line = named_on_larger_cases(shrunk, [*tail, shrunk])
+    assert line == ("Larger cases: all 2 of the search's divergent cases of more than one chunk first mismatch at "
+                    "the first step of their last, partial chunk (e.g. float64 L=1143 chunk_size 64: t=1088): a slip "
+                    "in the tail chunk, where L is not a multiple of chunk_size"), line
+    boundary = [_record("kernel_bug", 128, 128, 32), _record("kernel_bug", 96, 96, 64)]
+    assert "at a chunk boundary (e.g. float64 L=128 chunk_size 32: t=32): a slip at the chunk boundaries" in \
+        named_on_larger_cases(shrunk, [*boundary, shrunk])
+    for mixed in ([*boundary, _record("kernel_bug", 100, 100, 40)],  # one starts inside a chunk
+                  [*boundary, _record("kernel_bug", 100, 100, 0)],  # one is wrong from the start
+                  boundary[:1]):  # one case is no pattern
+        assert named_on_larger_cases(shrunk, [*mixed, shrunk]) is None, mixed
