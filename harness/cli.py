@@ -366,7 +366,9 @@ def search_outcome(result) -> str:
         slip = None if larger else larger_cases_slip(failure, result.records)
         named = (f" (named {larger} on larger cases)" if larger
                  else f" (larger cases: a kernel that {slip})" if slip
-                 else " (larger cases: kernel_bug)" if larger_cases_unnamed(failure, result.records) else "")
+                 else " (larger cases: kernel_bug)" if larger_cases_unnamed(failure, result.records)
+                 else f" (or a code path taken only for {failure.get('dtype')} inputs: see the why)"
+                 if failure.get("half_path_suspect") else "")
         outcome = f"{failure['verdict']}, {failure.get('cause')}{named}{grad}, shrunk to L={failure.get('length')}"
     line = f"{outcome}; {len(forward)} case{'' if len(forward) == 1 else 's'} run"
     unjudged = collections.Counter(r.get("cause") for r in forward if r.get("verdict") == "out_of_domain")

@@ -209,6 +209,11 @@ def evidence(recs: Sequence[Mapping[str, Any]], *, breakdown: bool = True) -> st
         sides = sorted({f"A {r.get('a_verdict')}, B {r.get('b_verdict')}" for r in recs if r.get("a_verdict")})
         if sides:
             parts.append("against the oracle: " + " | ".join(sides))
+    suspect = sum(1 for r in recs if r.get("half_path_suspect"))
+    if suspect:  # precision_loss at 100x the loop or on one step (`runner._half_path_clause`; blind hunt 26a)
+        dtypes_ = "/".join(sorted({str(r.get("dtype")) for r in recs if r.get("half_path_suspect")}))
+        parts.append(f"{suspect} of them one step or 100x the loop or more: or a code path taken only for "
+                     f"{dtypes_} inputs")
     if errors:
         parts.append("; ".join(errors))
     return "; ".join(p for p in parts if p)

@@ -1079,7 +1079,10 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
         factor = (f"; its NaN/Inf come from its own intermediates leaving {precision}'s range (an overflow of "
                   f"the form, not of the inputs: the exact state and output are in range)")
     elif low and again["verdict"] == Verdict.EQUIVALENT.value:
-        factor += _half_path_clause(problem, precision, ratio)
+        caveat = _half_path_clause(problem, precision, ratio)
+        if caveat:  # the searches line says it too: the cause's headline read "the algorithm is right" (hunt 26a)
+            record["half_path_suspect"] = True
+        factor += caveat
     why = f"{judgement.why}; precision loss: {found}{factor}"
     return "precision_loss", Judgement(judgement.verdict, why, judgement.rule)
 

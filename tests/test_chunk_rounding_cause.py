@@ -88,6 +88,18 @@ def test_one_step_gets_no_chunk_advice():
             in record["why"]), record["why"]
     longer = run_case(spec, dataclasses.replace(one, length=12, seed=3))
     assert longer["cause"] == "precision_loss" and "a code path taken only" in longer["why"], longer["why"]
+    # the searches line and the findings say it too: their headline read "the algorithm is right" (hunt 26a)
+    assert record["half_path_suspect"] is longer["half_path_suspect"] is True
+    from types import SimpleNamespace
+
+    from harness.cli import search_outcome
+    from harness.findings import findings
+
+    line = search_outcome(SimpleNamespace(records=[longer, record], failure=record, regimes=("strong_decay",)))
+    assert line.startswith("divergent, precision_loss (or a code path taken only for float16 inputs: see the why), "
+                           "shrunk to L=1"), line
+    assert "2 of them one step or 100x the loop or more: or a code path taken only for float16 inputs" in \
+        findings([longer, record])[0].line()
     off = run_case(spec, one, RunOptions(precision_counterfactual=False))
     assert off["cause"] == "kernel_bug" and "chunk" not in off["why"], off["why"]
 
