@@ -156,7 +156,7 @@ class FamilyDef:
     def slips(self, p: "Problem", x: dict[str, torch.Tensor]) -> list[tuple[str, "Problem", dict[str, torch.Tensor]]]:
         """``(what the kernel does, problem, inputs)``: the oracle on that problem and those inputs computes what
         a kernel returns that makes that slip on ``p`` and ``x`` (leaves out an optional term, or the softplus;
-        `harness.runner._named_slip`). None here: the selective families override it (`option_slips`)."""
+        `harness.runner._named_slip`). Empty here: the selective families override it (`option_slips`)."""
         return []
 
     def nonfinite_hint(self, p: "Problem", x: dict[str, torch.Tensor], precision: str) -> str | None:
