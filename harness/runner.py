@@ -881,8 +881,8 @@ def _named_slip(problem: Problem, inputs: dict[str, torch.Tensor], outputs: dict
 
     The oracle and the same-dtype loop run once more per slip of the family (`FamilyDef.slips`) and the output is
     judged against them as a case is (a step left without its softplus grows, and the bound alone is not enough),
-    the loop vouching for the slip only where its own error is inside the bound. The cause stays ``kernel_bug``: the slip is the bug, and the clause says which.
-    A blind hunt's selective scan without D was shrunk to L = 1 with nothing but ACTUAL and DESIRED to go on.
+    the loop vouching for the slip only where its own error is inside the bound. The cause stays ``kernel_bug``:
+    the slip is the bug, and the clause says which. A blind hunt's selective scan without D was shrunk to L = 1 with nothing but ACTUAL and DESIRED to go on.
     As for a factor, a half-precision output of a few elements is not tried (`FACTOR_MIN_ELEMENTS_KNOWN`). The
     record has ``slip`` (what the kernel does) and ``slip_cond_max``."""
     out = outputs.get("output")
@@ -903,8 +903,7 @@ def _named_slip(problem: Problem, inputs: dict[str, torch.Tensor], outputs: dict
         threshold = options.policy.cond_threshold
         # the loop vouches for the slip only where it is inside the bound itself: a bfloat16 `large` case's loop
         # without softplus erred 5x over it, and three other bugs read "does not apply softplus" through it
-        vouched = div.cond_max <= threshold or (div.baseline_cond_max is not None
-                                                 and div.baseline_cond_max <= threshold)
+        vouched = div.cond_max <= threshold or div.baseline_cond_max <= threshold  # NaN: no loop, no vouching
         if explains(judgement) and vouched:
             record["slip"], record["slip_cond_max"] = what, div.cond_max
             return f"slip: the output is the oracle's for a kernel that {what} (cond_max {div.cond_max:.3g})"
