@@ -60,7 +60,9 @@ def user_kernel_spec(target: "str | Callable | KernelSpec", *, family: Family | 
     if not callable(obj):
         raise InvalidArgument(f"kernel={target!r} is a {type(obj).__name__}, which is not callable")
     if name is None and not isinstance(target, str):
-        target = _script_target(obj) or target  # a function of the script being run: named (and loaded) by its file
+        # a function of the script being run: named (and loaded) by its file; of an importable module: by its
+        # module (two functions named `scan` shared one name, and a replay command that could not find either)
+        target = _script_target(obj) or _module_target(obj) or target
     label = name or (target if isinstance(target, str) else getattr(obj, "__qualname__", "kernel"))
     notes: list[str] = []
     if capabilities is None:  # undeclared: what its signature says it takes (harness.signatures)
@@ -123,6 +125,18 @@ def _script_target(fn: Callable) -> str | None:
     except ValueError:
         shown = resolved
     return f"{shown}:{fn.__qualname__}"
+
+
+def _module_target(fn: Callable) -> str | None:
+    """``package.module:qualname`` for a module-level function of a module other than ``__main__`` that is found
+    under that name (what `harness replay --kernel` and a worker load it by), else None (a lambda, a closure, a
+    method, an object made at run time)."""
+    import sys
+
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or module == "__main__" or not isinstance(qualname, str) or "<" in qualname or "." in qualname:
+        return None
+    return f"{module}:{qualname}" if getattr(sys.modules.get(module), qualname, None) is fn else None
 
 
 def dtype_names(dtypes: "str | torch.dtype | Iterable[str | torch.dtype] | None") -> "tuple[str, ...] | None":
@@ -348,7 +362,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
     if max_length is None and slow:
         max_length = lim.slow_max_length
     # a file target as the kernel is named (`canonical_target`): its saved case replays from any folder
-    target = (_isolation.user_target(spec) or fn) if isinstance(fn, str) else None
+    target = _isolation.user_target(spec) or (fn if isinstance(fn, str) else None)
 
     def where(record: dict[str, Any]) -> Path | None:  # the failing case's file: one per kernel, family and dtype
         if not save_counterexample:
@@ -496,7 +510,10 @@ def _save_found_case(result: CheckResult, problem, directory: Path | None, targe
                                                           kernel_target=target)
     except OSError as exc:
         where = exc.filename or directory
-        result.message = (result.message or "") + (
+        # its Replay line named the file that was not written (a blind hunt, session 27): the command without it
+        lines = [f"Replay: {result.failure.get('replay')}" if line.startswith("Replay: harness replay ") else line
+                 for line in (result.message or "").splitlines()]
+        result.message = "\n".join(lines) + (
             f"\n\nThe counterexample could not be saved ({where}: {exc.strerror or exc}); replay it with:\n"
             f"  {result.failure.get('replay')}")
 
@@ -661,8 +678,11 @@ def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpe
     from harness.gradients import forward_judged, gradients_checked
 
     def run(spec_, problem, options, *, store=None):
-        record = run_case(spec_, problem, options, store=store)
-        if not (spec.source == "user" or spec.capabilities.autograd):
+        differentiable = spec.source == "user" or spec.capabilities.autograd
+        kept: dict[str, Any] = {}  # the plain forward's output: a training forward equal to it is not judged again
+        record = run_case(spec_, problem, options, store=store,
+                          **({"keep_output": kept} if differentiable and gradients_checked(problem) else {}))
+        if not differentiable:
             return record
         if not forward_judged(record):
             if record["verdict"] == "out_of_domain":
@@ -672,7 +692,7 @@ def _with_gradients(run_case: Callable, gradient_case: Callable, spec: KernelSpe
             result.gradients_skipped += 1
             return record
         taken = [record]
-        grads = gradient_case(spec_, problem, options, forward=record)
+        grads = gradient_case(spec_, problem, options, forward=record, forward_output=kept.get("output"))
         if not grads:
             result.gradients_not_differentiable += 1
         for grad_record in grads:
@@ -717,6 +737,11 @@ def _naming_gradients(format_failure: Callable) -> Callable:
         # "the forward is equivalent" (blind hunt, session 23)
         kernel = str(record["kernel"]).rsplit(":grad[", 1)[0]
         verdict, of = record.get("verdict"), record.get("grad_of")
+        if record.get("training_forward"):  # `gradients._training_forward`
+            return format_failure(record, judgement, replay=replay, context=context,
+                                  headline=f"The forward of {kernel} with inputs requiring grad (the path a training "
+                                           f"step takes) is {verdict}; without grad it is equivalent, and the replay "
+                                           "command takes that forward again.")
         what = (f"The backward of {kernel} is {verdict}" if of in (None, "*") else
                 f"The gradient of {kernel}'s output with respect to {of} is {verdict} against the float64 "
                 "oracle's (autograd through the oracle)")

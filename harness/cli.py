@@ -361,7 +361,8 @@ def search_outcome(result) -> str:
     failure = result.failure
     outcome = "passed"
     if failure:
-        grad = f" in the gradient of {failure.get('grad_of')}" if failure.get("mode") == "grad" else ""
+        grad = (" in the forward with inputs requiring grad" if failure.get("training_forward")
+                else f" in the gradient of {failure.get('grad_of')}" if failure.get("mode") == "grad" else "")
         larger = larger_cases_cause(failure, result.records)
         slip = None if larger else larger_cases_slip(failure, result.records)
         named = (f" (named {larger} on larger cases)" if larger
@@ -369,7 +370,9 @@ def search_outcome(result) -> str:
                  else " (larger cases: kernel_bug)" if larger_cases_unnamed(failure, result.records)
                  else f" (or a code path taken only for {failure.get('dtype')} inputs: see the why)"
                  if failure.get("half_path_suspect") else "")
-        outcome = f"{failure['verdict']}, {failure.get('cause')}{named}{grad}, shrunk to L={failure.get('length')}"
+        # a timeout is recorded once and not shrunk (its case is the one that hung): "at", not "shrunk to"
+        found = "at" if failure.get("cause") == "timeout" else "shrunk to"
+        outcome = f"{failure['verdict']}, {failure.get('cause')}{named}{grad}, {found} L={failure.get('length')}"
     line = f"{outcome}; {len(forward)} case{'' if len(forward) == 1 else 's'} run"
     unjudged = collections.Counter(r.get("cause") for r in forward if r.get("verdict") == "out_of_domain")
     if unjudged:
@@ -721,6 +724,10 @@ def _usage_errors_first(args) -> None:
     from harness.kernels.names import Family
     from harness.kernels.target import check_target_file
 
+    for dest, flag in _OUTPUT_OPTIONS.items():  # "" was read as "not given": a run wrote into ./.harness instead
+        if getattr(args, dest, None) is not None and not str(getattr(args, dest)).strip():
+            raise InvalidArgument(f"{flag}={getattr(args, dest)!r} is empty; expected a path (or leave {flag} out "
+                                  "for the default)")
     family = getattr(args, "family", None)
     for name in family if isinstance(family, list) else [family] if family else []:  # check, init: one per kernel
         Family.parse(name)

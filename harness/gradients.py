@@ -70,8 +70,9 @@ class InputWritten(Exception):
 
 
 def _vjp(fn, inputs: dict[str, torch.Tensor], names: tuple[str, ...], cotangent: torch.Tensor,
-         ) -> dict[str, torch.Tensor | None] | None:
-    """The gradients of ``fn`` along ``cotangent``; None when its output is not differentiable."""
+         keep: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor | None] | None:
+    """The gradients of ``fn`` along ``cotangent``; None when its output is not differentiable.
+    ``keep``: receives the forward's output under ``"output"`` (detached)."""
     from harness.kernels.isolation import input_snapshots, written_input
 
     leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in inputs.items()}
@@ -83,6 +84,8 @@ def _vjp(fn, inputs: dict[str, torch.Tensor], names: tuple[str, ...], cotangent:
             raise ForwardRaised(exc) from exc
         if not (isinstance(out, torch.Tensor) and out.requires_grad):
             return None
+        if keep is not None:
+            keep["output"] = out.detach()
         wanted = [leaves[k] for k in names]
         grads = torch.autograd.grad(out, wanted, cotangent.to(out.dtype), allow_unused=True)
     written = written_input(handed, " in the forward and backward with inputs requiring grad")
@@ -92,9 +95,11 @@ def _vjp(fn, inputs: dict[str, torch.Tensor], names: tuple[str, ...], cotangent:
 
 
 def _kernel_vjp(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], names: tuple[str, ...],
-                cot: torch.Tensor, options: RunOptions) -> tuple[Outcome, Any, bool]:
+                cot: torch.Tensor, options: RunOptions, keep: dict[str, torch.Tensor] | None = None,
+                ) -> tuple[Outcome, Any, bool]:
     """The kernel's input gradients along ``cot``: ``(Outcome.OK, {name: grad} or None, False)``, None when
     the output carries no gradient, or ``(outcome, what happened, whether the forward itself failed)``.
+    ``keep``: receives the output of that forward (inputs requiring grad) under ``"output"``.
 
     Forward and backward run where the forward ran (`RunOptions.worker_for`): in the kernel's worker
     process, whose crash or hang is then this record's, or in this process with ``--in-process``.
@@ -111,7 +116,7 @@ def _kernel_vjp(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tens
             return out[0] if isinstance(out, (tuple, list)) and out else out  # (output, final state)
 
         try:
-            return Outcome.OK, _vjp(kernel, inputs, names, cot), False
+            return Outcome.OK, _vjp(kernel, inputs, names, cot, keep), False
         except InputWritten as exc:
             return Outcome.MUTATED_INPUT, str(exc), False
         except ForwardRaised as exc:
@@ -124,8 +129,10 @@ def _kernel_vjp(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tens
         pos = next((i for i, a in enumerate(args) if a is inputs[name]), None)
         wanted.append(pos if pos is not None else next(k for k, v in kwargs.items() if v is inputs[name]))
     status, value, _ = isolation.run(worker, "vjp", args, kwargs, extra=(wanted, cot), timeout_s=options.timeout_s)
-    if status == "ok":
-        return Outcome.OK, dict(zip(names, value)), False
+    if status == "ok":  # (the gradients, the forward's output)
+        if keep is not None:
+            keep["output"] = value[1]
+        return Outcome.OK, dict(zip(names, value[0])), False
     if status == "not_differentiable":
         return Outcome.OK, None, False
     if status == "mutated_input":
@@ -245,7 +252,8 @@ def cotangent(problem: Problem, shape: tuple[int, ...]) -> torch.Tensor:
 def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None = None, *,
                   forward: dict[str, Any] | None = None,
                   inputs: dict[str, torch.Tensor] | None = None,
-                  after_divergent: bool = False) -> list[dict[str, Any]]:
+                  after_divergent: bool = False,
+                  forward_output: torch.Tensor | None = None) -> list[dict[str, Any]]:
     """One record per differentiated input (kernel ``<name>:grad[<input>]``), or the forward record
     when the forward output is not equivalent; none when the kernel's output is not differentiable.
 
@@ -255,6 +263,11 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     ``after_divergent``: take the gradients after a divergent forward too (`_second_dtype` only: a log-space
     form's forward loses digits in the rerun's dtype as well, and its gradient's cause went unnamed).
     A divergent gradient is rerun in a second dtype to name its cause (`_second_dtype`).
+
+    The output of the forward that ran with inputs requiring grad is judged too (`_training_forward`): a kernel
+    may take another path there (a fused training kernel), and one wrong only on it passed. ``forward_output``:
+    the plain forward's output (float64 on the CPU, `run_case`'s ``keep_output``), when kept; an output equal
+    to it bit for bit needs no second judgement.
     """
     from harness.metrics import NO_POSITIONS, measure
 
@@ -271,8 +284,9 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))  # a declared "tf32"/"tf32_rz" is float32 storage
 
     t0 = time.perf_counter()
+    trained: dict[str, torch.Tensor] = {}
     outcome, got, forward_failed = _kernel_vjp(spec, problem, inputs, names,
-                                               g.to(problem.torch_dtype).to(problem.device), options)
+                                               g.to(problem.torch_dtype).to(problem.device), options, trained)
     if outcome is not Outcome.OK:  # a failing backward is a finding, recorded
         if forward_failed and not spec.capabilities.autograd:
             return []  # an undeclared kernel that cannot take inputs requiring grad: not differentiable
@@ -287,6 +301,10 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     t_kernel = time.perf_counter() - t0
     if got is None:
         return []  # the output carries no gradient (a kernel without autograd): nothing to check
+    training = None  # judged first: it names a training path's wrong forward before its gradients
+    if "output" in trained:
+        isolation.raise_if_stopped()
+        training = _training_forward(spec, problem, inputs, trained["output"], forward, forward_output, options)
     x64 = {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
     isolation.raise_if_stopped()  # each of the oracle's backward passes below takes seconds at nightly lengths
     want = _vjp(lambda x: _oracle_output(problem, x, spec.convention), x64, names, g)
@@ -301,7 +319,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     isolation.raise_if_stopped()
     adjoint = problem.definition.gradient_traces(chunk_blocking(spec, problem), x64, g, names, spec.convention) or {}
     alternatives = problem.definition.gradient_alternatives(problem, x64, want)
-    records, bound_of = [], {}
+    records: list[dict[str, Any]] = []
+    bound_of: dict[str, Any] = {}
     y_scale = None  # the forward's magnitude, for a normwise bound only
     out_shape = tuple(problem.definition.output_shape(problem))
     for name in names:
@@ -377,7 +396,65 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                 name = record["grad_of"]
                 low = None if base is None or base[name] is None else base[name].detach()
                 _constant_factor(problem, record, got[name], bound_of[name], low, precision, options, spec.convention)
-    return records
+    return ([] if training is None else [training]) + records
+
+
+def _same_output(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit the same values (NaN where the other has NaN), as float64 on the CPU."""
+    a, b = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _training_forward(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], output: torch.Tensor,
+                      forward: dict[str, Any], forward_output: torch.Tensor | None, options: RunOptions,
+                      ) -> dict[str, Any] | None:
+    """The record of the forward that ran with inputs requiring grad, where it is not what the plain forward's
+    judgement said (a kernel that takes another path in training: a fused forward saving its intermediates, an
+    `autograd.Function`); None where it is the plain forward's output bit for bit, or is judged equivalent (or
+    cannot be judged). Before, a kernel whose forward was wrong only there passed (a blind hunt, session 27).
+
+    Its cause is ``kernel_bug``, or ``precision_loss`` where the same forward with grad in float64 is equivalent.
+    """
+    from harness.kernels.guard import _contract
+    from harness.runner import judged_output
+
+    if forward_output is not None and _same_output(output, forward_output):
+        return None
+    record = {k: v for k, v in forward.items()
+              if not k.startswith(("t_", "cond", "max_", "ulp", "worst", "final_state_", "verdict_target"))}
+    record.update(mode="grad", grad_of="*", kernel=f"{spec.name}:grad[*]", outcome="ok", training_forward=True,
+                  replay=_replay_gradient(forward.get("replay"), "*"))
+    what = "the forward with inputs requiring grad (the path a training step takes)"
+    broken = _contract(output, output_shape(problem), problem.torch_dtype, torch.device(problem.device))
+    if broken is not None:
+        message = f"{broken[0].value}: {what} {broken[1]}"
+        judgement = judge({}, options.policy, kernel_error=message)
+        record.update(outcome=broken[0].value, error=message, verdict=judgement.verdict.value, why=judgement.why,
+                      cause=broken[0].value)
+        return record
+    div, judgement = judged_output(spec, problem, inputs, output, options)
+    if judgement.verdict is not Verdict.DIVERGENT:
+        return None
+    cause = "kernel_bug"
+    precision = spec.capabilities.precision(problem.dtype)
+    if (options.precision_counterfactual and precision != "float64"
+            and spec.capabilities.runs("float64", problem.device) is None):
+        wide = problem.replace(dtype="float64", tf32=False)
+        wide_inputs = inputs_in("float64", inputs)
+        names = tuple(n for n in problem.definition.grad_inputs if n in wide_inputs)
+        kept: dict[str, torch.Tensor] = {}
+        outcome, _, _ = _kernel_vjp(spec, wide, wide_inputs, names, cotangent(wide, output_shape(wide)),
+                                    rerun_options(options), kept)
+        if outcome is Outcome.OK and "output" in kept:
+            _, wide_judgement = judged_output(spec, wide, wide_inputs, kept["output"], rerun_options(options))
+            if wide_judgement.verdict is Verdict.EQUIVALENT:
+                cause = "precision_loss"
+    record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype", "length")})
+    record.update(verdict=judgement.verdict.value, cause=cause,
+                  why=f"{what}: {judgement.why}; without grad the same case's forward is {forward.get('verdict')}"
+                      + ("; in float64 that path is equivalent: precision lost in this dtype"
+                         if cause == "precision_loss" else ""))
+    return record
 
 
 def _chunk_rounding(problem: Problem, records: list[dict[str, Any]], got: dict[str, torch.Tensor | None],

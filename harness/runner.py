@@ -552,6 +552,23 @@ def _judge_outputs(problem: Problem, outputs: dict[str, Any], traces: dict[str, 
     return div, judgement
 
 
+def judged_output(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], output: torch.Tensor,
+                  options: RunOptions) -> tuple[Any, Judgement]:
+    """The output of another call of ``spec`` on this case (its forward with inputs requiring grad,
+    `gradients.gradient_case`) measured and judged as `run_case` judges its own: the same oracle trace, chunk
+    term, same-dtype loop and precision; the output only (no final state)."""
+    traces = chunk_term_at(spec, problem, inputs, reference_traces)
+    precision = spec.capabilities.precision(problem.dtype)
+    storage = dtypes.dtype_key(dtypes.torch_dtype(precision))
+    try:
+        baselines = baseline_outputs(problem.replace(dtype=storage),
+                                     {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
+    except Exception:  # noqa: BLE001 - judged without the loop, as run_case does when it fails
+        baselines = None
+    return _judge_outputs(problem, {"output": output}, {"output": traces["output"]},
+                          None if baselines is None else {"output": baselines["output"]}, precision, options)
+
+
 #: The chunk size a kernel that declares none is judged at by `_chunked_bound`: the block of fla's chunk
 #: kernels and of most Triton chunk kernels.
 CHUNK_COUNTERFACTUAL = 64

@@ -169,6 +169,8 @@ def test_a_search_line_names_what_the_larger_cases_were():
     assert search_outcome(_search([larger, larger], failure=shrunk)) == (
         "divergent, kernel_bug (named layout on larger cases), shrunk to L=1; 2 cases run")
     assert search_outcome(_search([shrunk], failure=shrunk)) == "divergent, kernel_bug, shrunk to L=1; 1 case run"
+    hung = {"kernel": "k", "verdict": "kernel_error", "cause": "timeout", "length": 377}  # recorded once, not shrunk
+    assert search_outcome(_search([hung], failure=hung)) == "kernel_error, timeout, at L=377; 1 case run"
 
 
 @pytest.mark.parametrize(("flag", "status"), [((), 1), (("--no-grad",), 0)])
@@ -380,3 +382,37 @@ def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path):
     finally:
         os.close(write)
     assert done.returncode == 141 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--report-dir", "--cases-dir"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_output_folder_is_a_usage_error(flag, value, tmp_path, monkeypatch, capsys):
+    """``--report-dir ""`` was taken as "not given", and the run wrote into ./.harness of wherever it ran (a blind
+    hunt, session 27)."""
+    from harness.cli import EXIT_USAGE, main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--kernel", "intree.blelloch_scan", flag, value]) == EXIT_USAGE
+    assert f"{flag}={value!r} is empty; expected a path" in capsys.readouterr().err
+    assert not (tmp_path / ".harness").exists()
+
+
+def _zeros_scan(a, b):
+    return b * 0
+
+
+def test_a_case_that_could_not_be_saved_gives_the_replay_that_needs_no_file(tmp_path):
+    """With the cases folder a file, the message said "Replay: harness replay <the file it did not write>" and, a
+    few lines on, that the case could not be saved (a blind hunt, session 27): every Replay line now runs."""
+    from harness.api import check
+
+    blocked = tmp_path / "afile"
+    blocked.write_text("not a folder")
+    result = check(_zeros_scan, family="linear_scan", profile="ci", dtypes=("float32",), max_examples=2, grad=False,
+                   shrink_deadline_s=0, counterexample_dir=blocked, isolation="in-process")
+    assert not result.passed and result.counterexample is None
+    assert "The counterexample could not be saved" in result.message
+    replays = [line for line in result.message.splitlines() if line.startswith("Replay:")]
+    assert replays and all(str(blocked) not in line for line in replays), replays
+    assert replays[0] == f"Replay: {result.failure['replay']}"
+

@@ -896,10 +896,10 @@ def test_a_case_whose_forward_is_out_of_domain_is_counted_as_a_gradient_not_judg
     verdicts = iter(["out_of_domain", "equivalent", "out_of_domain", "divergent"])
     taken = []
 
-    def run_case(spec_, problem, options, *, store=None):
+    def run_case(spec_, problem, options, *, store=None, keep_output=None):
         return {"verdict": next(verdicts), "kernel": spec.name}
 
-    def gradient_case(spec_, problem, options, *, forward):
+    def gradient_case(spec_, problem, options, *, forward, forward_output=None):
         taken.append(forward["verdict"])
         return []
 

@@ -107,3 +107,31 @@ def test_a_case_replayed_from_outside_its_project_says_its_path_is_the_project_s
             f"was saved in (the folder holding its pyproject.toml), and the project root here is {str(elsewhere)!r}: "
             "run the replay from inside that project, or pass --kernel PATH.py:scan") in err, err
     assert main(["replay", str(case), "--kernel", f"{project}/kern/scan.py:scan", "--in-process"]) == 0
+
+
+def test_a_function_of_an_importable_module_is_named_by_its_module(tmp_path, monkeypatch):
+    """``harness.check(scan)`` for two functions named ``scan`` of two modules gave both the name ``user.scan``
+    (one counterexample file, one report row), and its replay command ``--kernel user.scan`` found neither
+    (a blind hunt, session 27). Named ``module:qualname`` now, the target that replays them."""
+    import importlib
+    import subprocess
+    import sys
+
+    from harness.api import check, user_kernel_spec
+
+    (tmp_path / "right_scans.py").write_text(KERNEL)
+    (tmp_path / "wrong_scans.py").write_text(KERNEL.replace("return", "return 2 *", 1))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    right, wrong = (importlib.import_module(m).scan for m in ("right_scans", "wrong_scans"))
+    assert right.__qualname__ == wrong.__qualname__ == "scan"
+    names = {user_kernel_spec(f, family="linear_scan").name for f in (right, wrong)}
+    assert names == {"user.right_scans:scan", "user.wrong_scans:scan"}
+    assert ":" not in user_kernel_spec(lambda a, b: a, family="linear_scan").name  # a lambda has no module target
+    result = check(wrong, family="linear_scan", profile="ci", dtypes=("float32",), max_examples=3, grad=False,
+                   counterexample_dir=tmp_path / "cases", shrink_deadline_s=0)
+    assert not result.passed and result.failure["kernel"] == "user.wrong_scans:scan"
+    saved = next((tmp_path / "cases").glob("*.json"))
+    done = subprocess.run([sys.executable, "-m", "harness", "replay", str(saved), "--kernel", "wrong_scans:scan"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "got 'divergent'" in done.stdout + done.stderr, done.stdout + done.stderr

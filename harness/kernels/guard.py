@@ -141,11 +141,11 @@ def execute(fn: Callable, args: tuple, kwargs: dict[str, Any], timeout_s: float 
             return fn(*args, **kwargs)
 
     status, value = _run_with_timeout(call, timeout_s)
-    if status == "ok" and not isinstance(value, torch.Tensor):
+    if status == "ok":
         out = isolation.kernel_outputs(value)  # (output, final state, ...): kept whole
-        if out is None:
+        if out is None:  # no tensor, or one the harness cannot read (sparse, nested, quantized)
             return "value", isolation.value_kind(value), ""
-        value = tuple(value)
+        value = value if isinstance(value, torch.Tensor) else tuple(value)
     return status, value, ""
 
 
@@ -161,6 +161,19 @@ def shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
     if math.prod(got) == math.prod(want):
         return " (the same number of elements in another shape: the output reshaped or in another layout?)"
     return ""
+
+
+def _contract(value: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+              ) -> tuple[Outcome, str] | None:
+    """The first broken clause of the output contract (shape, dtype, device) and its message, or None."""
+    if tuple(value.shape) != tuple(shape):
+        return Outcome.WRONG_SHAPE, (f"returned shape {tuple(value.shape)}, expected {tuple(shape)}"
+                                     + shape_hint(tuple(value.shape), tuple(shape)))
+    if value.dtype != dtype:
+        return Outcome.WRONG_DTYPE, f"returned dtype {value.dtype}, expected {dtype}"
+    if value.device.type != device.type:
+        return Outcome.WRONG_DEVICE, f"returned device {value.device}, expected {device}"
+    return None
 
 
 def call_guarded(
@@ -202,30 +215,31 @@ def call_guarded(
     extras: tuple = ()
     if isinstance(value, tuple):  # (output, final state, ...): the contract checks are the output's
         value, extras = value[0], tuple(value[1:])
-    if tuple(value.shape) != tuple(expected_shape):
-        return CallResult(Outcome.WRONG_SHAPE, None,
-                          f"returned shape {tuple(value.shape)}, expected {tuple(expected_shape)}"
-                          + shape_hint(tuple(value.shape), tuple(expected_shape)), seconds, note)
-    if value.dtype != expected_dtype:
-        return CallResult(Outcome.WRONG_DTYPE, value,
-                          f"returned dtype {value.dtype}, expected {expected_dtype}", seconds, note)
-    if value.device.type != expected_device.type:
-        return CallResult(Outcome.WRONG_DEVICE, value,
-                          f"returned device {value.device}, expected {expected_device}", seconds, note)
+    broken = _contract(value, expected_shape, expected_dtype, expected_device)
+    if broken is not None:
+        outcome, text = broken
+        return CallResult(outcome, None if outcome is Outcome.WRONG_SHAPE else value, text, seconds, note)
     if check_determinism:
         status2, value2, note2 = execute(fn, args, kwargs, timeout_s, worker=worker, float32_dots=float32_dots)
         note = note or note2
+        second = "the second call (determinism check)"
         if status2 == "timeout":
-            return CallResult(Outcome.TIMEOUT, None, "the second call (determinism check): "
-                              + (value2 or f"no result after {timeout_s:g} s"), seconds, note)
-        if status2 == "crashed":
-            return CallResult(Outcome.CRASHED, None, f"the second call (determinism check): {value2}", seconds, note)
+            return CallResult(Outcome.TIMEOUT, None, f"{second}: " + (value2 or f"no result after {timeout_s:g} s"),
+                              seconds, note)
+        if status2 in ("crashed", "raised"):  # a kernel that fails on every other call is no equivalent kernel
+            return CallResult(Outcome(status2), None, f"{second}: {value2}", seconds, note)
         written = isolation.written_input(snapshots, " on the second call (determinism check)")
         if written is not None:
             return CallResult(Outcome.MUTATED_INPUT, value, written, seconds, note)
+        if status2 == "value":
+            return CallResult(Outcome.NOT_A_TENSOR, None, f"{second} returned {value2}, expected a torch.Tensor of "
+                              f"shape {expected_shape} as the first call did", seconds, note)
         if isinstance(value2, tuple):
             value2 = value2[0]
-        if status2 == "ok" and isinstance(value2, torch.Tensor) and not _same(value.detach(), value2.detach()):
+        broken = _contract(value2, expected_shape, expected_dtype, expected_device)
+        if broken is not None:  # its own contract, not "the two calls differ by 0" (a blind hunt, session 27)
+            return CallResult(broken[0], None, f"{second} {broken[1]}", seconds, note)
+        if not _same(value.detach(), value2.detach()):
             diff = (value.double() - value2.double()).abs().nan_to_num(nan=float("inf")).max().item()
             return CallResult(Outcome.NONDETERMINISTIC, value,
                               f"two calls on the same inputs differ (max |difference| {diff:.3g})", seconds, note)

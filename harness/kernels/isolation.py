@@ -512,7 +512,8 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
                         reply = ("not_differentiable", None)  # no autograd graph: nothing to check
                     else:
                         grads = torch.autograd.grad(out, leaves, cot.to(out.dtype), allow_unused=True)
-                        reply = ("ok", tuple(None if g is None else g.detach() for g in grads))
+                        # and the forward's output: a training path's forward is judged too (`gradient_case`)
+                        reply = ("ok", (tuple(None if g is None else g.detach() for g in grads), out.detach()))
                 written = written_input(handed, " in the forward and backward with inputs requiring grad")
                 if written is not None:
                     reply = ("mutated_input", written)
@@ -883,17 +884,22 @@ def kernel_outputs(value):
     """A kernel's return value as the harness takes it: a tensor, detached; or a tuple whose first element
     is the output tensor and whose others (a final state, ...) are tensors or None, detached; None for
     anything else (not a kernel output)."""
-    import torch
-
-    def dense(v) -> bool:  # a sparse or other non-strided tensor is no output the harness can read
-        return isinstance(v, torch.Tensor) and v.layout == torch.strided
-
-    if dense(value):
+    if _readable(value):
         return value.detach()
-    if (isinstance(value, (tuple, list)) and value and dense(value[0])
-            and all(v is None or dense(v) for v in value)):
+    if (isinstance(value, (tuple, list)) and value and _readable(value[0])
+            and all(v is None or _readable(v) for v in value)):
         return tuple(None if v is None else v.detach() for v in value)
     return None
+
+
+def _readable(v) -> bool:
+    """Whether ``v`` is a tensor the harness can read as an output: dense and strided (a sparse, nested or
+    quantized tensor is not: the last two broke the harness's own copy into shared memory, reported as the
+    kernel's crash, a blind hunt found in session 27)."""
+    import torch
+
+    return (isinstance(v, torch.Tensor) and v.layout == torch.strided and not v.is_nested
+            and not v.is_quantized)
 
 
 def value_kind(value) -> str:
@@ -902,10 +908,12 @@ def value_kind(value) -> str:
     import torch
 
     if isinstance(value, torch.Tensor):
-        return f"a tensor of layout {value.layout} (expected a dense, strided one)"
+        kind = ("nested tensor" if value.is_nested else "quantized tensor" if value.is_quantized
+                else f"tensor of layout {value.layout}")
+        return f"a {kind} (expected a dense, strided one)"
     if isinstance(value, (tuple, list)) and value:
         for i, v in enumerate(value):
-            if not (v is None and i > 0) and not (isinstance(v, torch.Tensor) and v.layout == torch.strided):
+            if not (v is None and i > 0) and not _readable(v):
                 return f"{type(value).__name__} whose element {i} is {value_kind(v) if v is not None else 'None'}"
     return type(value).__name__
 
