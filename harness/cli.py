@@ -287,6 +287,8 @@ def cmd_check(args) -> int:
     from harness.store import RunStore, environment
 
     targets = _check_targets(args)
+    # named now: an in-process kernel that changes the working directory renamed its file's searches line
+    shown = {target: canonical_target(target) for target, _ in targets}
     checked = []  # the kernels by name, in the header: how a shard's --kernel was typed does not matter to merge
     for target, family in targets:  # a bad target is a usage error before any directory is made
         spec = _checked_spec(args, target, family)
@@ -326,7 +328,7 @@ def cmd_check(args) -> int:
               "autograd oracle keeps every step's state; their forward outputs were checked)")
     for (target, _, dtypes), result in zip(units, results):
         if result.gradients_not_differentiable and not any(r.get("mode") == "grad" for r in result.records):
-            print(f"\ngradients: not checked for {canonical_target(target)} ({', '.join(dtypes or ())}): its output carried no gradient "
+            print(f"\ngradients: not checked for {shown[target]} ({', '.join(dtypes or ())}): its output carried no gradient "
                   f"in {result.gradients_not_differentiable} case(s) (detached, computed under no_grad, or without "
                   "autograd); a kernel meant for training must return an output autograd can differentiate")
     beyond = sum(result.gradients_out_of_domain for result in results  # a kernel shown differentiable
@@ -343,7 +345,7 @@ def cmd_check(args) -> int:
     if results:  # the searches' outcomes in one place, after the messages they may have printed
         print("\nsearches:")
         for (target, _, dtypes), result in zip(units, results):
-            print(f"  {canonical_target(target)} {','.join(dtypes or ())}: {search_outcome(result)}")
+            print(f"  {shown[target]} {','.join(dtypes or ())}: {search_outcome(result)}")
     return status
 
 

@@ -416,3 +416,20 @@ def test_a_case_that_could_not_be_saved_gives_the_replay_that_needs_no_file(tmp_
     assert replays and all(str(blocked) not in line for line in replays), replays
     assert replays[0] == f"Replay: {result.failure['replay']}"
 
+
+
+def test_a_kernel_that_changes_the_working_directory_keeps_its_name(tmp_path, monkeypatch, capsys):
+    """Run in-process, a kernel that calls os.chdir("/") had its searches line say `tmp/.../k.py:scan`, its file
+    named anew from the root after the run (a blind hunt, session 27); the records kept the right name."""
+    from harness.cli import main
+
+    (tmp_path / "k.py").write_text("import os\nimport torch\n\n\ndef scan(a, b):\n    os.chdir('/')\n"
+                                   "    h, out = torch.zeros_like(b[..., 0]), []\n    for t in range(b.shape[-1]):\n"
+                                   "        h = a[..., t] * h + b[..., t]\n        out.append(h)\n"
+                                   "    return torch.stack(out, -1)\n")
+    monkeypatch.chdir(tmp_path)
+    status = main(["check", "--kernel", f"{tmp_path / 'k.py'}:scan", "--family", "linear_scan", "--in-process",
+                   "--no-grad", "--dtypes", "float32", "--max-examples", "2", "--report-dir", str(tmp_path / "run"),
+                   "--cases-dir", str(tmp_path / "cases")])
+    out = capsys.readouterr().out
+    assert status == 0 and "\n  k.py:scan float32: passed" in out, out[-600:]
