@@ -64,7 +64,8 @@ class AnswerTable:
             if key not in data:
                 raise InvalidArgument(f"{where} has no {key!r}; expected {sorted(_KNOWN_KEYS)}")
         rows = data["rows"]
-        rows = (rows,) if isinstance(rows, str) else tuple(rows)
+        # a number or a table there raised a TypeError traceback (a blind hunt, session 27)
+        rows = (rows,) if isinstance(rows, str) else tuple(rows) if isinstance(rows, (list, tuple)) else ()
         if not rows or not all(isinstance(r, str) and r for r in rows):
             raise InvalidArgument(f"{where}: rows={data['rows']!r} must be a field name or a list of field names")
         columns = data["columns"]

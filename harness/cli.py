@@ -448,6 +448,8 @@ def cmd_replay(args) -> int:
     from harness.runner import RunOptions
 
     grad_of = args.grad_of
+    if args.file and args.problem:  # the file's problem ran and --problem was ignored (a blind hunt, session 27)
+        raise InvalidArgument(f"replay got FILE {args.file!r} and --problem: give one (the file holds its problem)")
     if args.file:
         case = load_case(args.file)
         problem, expect = case.problem, case.expect

@@ -576,6 +576,17 @@ def unmeasured_terms(table: pd.DataFrame, base_records: Sequence[Mapping[str, An
                            f"{term.metric!r} (missing or not a number in all {len(measured)} records that measured "
                            f"something): the term {term.term!r} cannot be checked; the {side} may be damaged or "
                            "written by another harness version: remake it, or leave the term out of --fail-on")
+            if term.metric != "cond_max" or (out and out[-1].startswith(f"no {side} record")):
+                continue
+            # an equivalent record's cond_max is a finite number (its cond is inside the threshold): NaN or Inf
+            # there is damage, and as "nothing to grow from" it turned the term off (a blind hunt, session 27)
+            damaged = [r for r in measured if r.get("verdict") == "equivalent" and r.get("cond_max") is not None
+                       and not (_is_number(r["cond_max"]) and math.isfinite(r["cond_max"]))]
+            if damaged:
+                out.append(f"{len(damaged)} {side} record(s) judged equivalent hold cond_max "
+                           f"{damaged[0]['cond_max']!r} (e.g. {damaged[0].get('kernel')} {damaged[0].get('dtype')} "
+                           f"L={damaged[0].get('length')}), where an equivalent case's cond is a finite number: the "
+                           f"{side} is damaged; remake it")
     return out
 
 

@@ -48,9 +48,30 @@ def write_table(root: Path, kernels: list[KernelEntry], *, force: bool = False) 
                                   "replace it (and the workflow) with a new one")
         text = without_table(text)
     body = text.rstrip() + "\n\n" if text.strip() else ""
-    pyproject.write_text(body + init_table(kernels), encoding="utf-8")
+    new = body + init_table(kernels)
+    _refuse_unless_one_table(pyproject, new)  # checked before writing: the user's file is never left broken
+    if pyproject.is_file() and b"\r\n" in pyproject.read_bytes():  # the file's own line endings kept
+        new = new.replace("\r\n", "\n").replace("\n", "\r\n")
+    pyproject.write_bytes(new.encode("utf-8"))
     load_project(root)  # what was written reads back (a target with odd characters is quoted by init_table)
     return pyproject
+
+
+def _refuse_unless_one_table(pyproject: Path, new: str) -> None:
+    """`InvalidArgument`, before anything is written, when ``new`` (the file init would write) is not TOML or
+    holds another ``tool.harness`` beside the one init writes: a table written inline (``harness = {...}``
+    under ``[tool]``) or as dotted keys (``tool.harness.runs = ...``) is not a ``[tool.harness]`` section,
+    `without_table` leaves it, and ``init --force`` wrote a file declaring the table twice, which pip and
+    every TOML reader then refuse (a blind hunt, session 27)."""
+    import tomllib
+
+    try:
+        tomllib.loads(new)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidArgument(f"{pyproject}: its [tool.harness] table is not written as a [tool.harness] section "
+                              f"(inline, `harness = {{...}}` under [tool], or dotted keys, `tool.harness.KEY = ...`), "
+                              f"which init cannot replace: the file it would write is not TOML ({exc}); nothing "
+                              "was written. Remove that table by hand and rerun `harness init`") from None
 
 
 def _relative(path: Path, root: Path) -> str:

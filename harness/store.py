@@ -166,6 +166,11 @@ def _lock_run_dir(run_dir: Path) -> int | None:
     return fd
 
 
+#: A run's header status from its start until its end is recorded (`RunStore.finish`).
+NO_END_STATUS = ("PARTIAL: the run recorded no end (killed where nothing could mark it, e.g. by SIGKILL or the "
+                 "out-of-memory killer, or still running)")
+
+
 class RunStore:
     """Appends records of one run to ``<run_dir>/records[-worker].jsonl``, flushing each line."""
 
@@ -175,15 +180,27 @@ class RunStore:
         name = f"records-{worker}.jsonl" if worker else "records.jsonl"
         self.path = self.run_dir / name
         self._lock = None
+        self._header = None
         if header is not None and worker is None:  # a run's own writer: one at a time per directory
             self._lock = _lock_run_dir(self.run_dir)
-            (self.run_dir / HEADER_FILE).write_text(json.dumps(_encode(header), indent=2, sort_keys=True) + "\n")
+            self._header = header
+            # partial until its end is recorded (`finish`): a run killed where no handler runs (SIGKILL, the
+            # out-of-memory killer) read as complete, and a gate passed it with its untaken cases "missing"
+            self._write_header(dict(header, partial=True, status=NO_END_STATUS))
         _drop_cut_line(self.path)
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def append(self, record: dict[str, Any]) -> None:
         self._fh.write(dumps(stamped(record)) + "\n")
         self._fh.flush()
+
+    def _write_header(self, header: dict[str, Any]) -> None:
+        (self.run_dir / HEADER_FILE).write_text(json.dumps(_encode(header), indent=2, sort_keys=True) + "\n")
+
+    def finish(self) -> None:
+        """Record the run's end: its header as given (complete unless it says otherwise)."""
+        if self._header is not None:
+            self._write_header(self._header)
 
     def close(self) -> None:
         self._fh.close()
@@ -194,7 +211,9 @@ class RunStore:
     def __enter__(self) -> "RunStore":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.finish()
         self.close()
 
 

@@ -433,3 +433,13 @@ def test_a_kernel_that_changes_the_working_directory_keeps_its_name(tmp_path, mo
                    "--cases-dir", str(tmp_path / "cases")])
     out = capsys.readouterr().out
     assert status == 0 and "\n  k.py:scan float32: passed" in out, out[-600:]
+
+
+def test_replay_refuses_a_file_and_a_problem_together(tmp_path, capsys):
+    """The file's problem ran and --problem (even text that is not JSON) was ignored (a blind hunt, session 27)."""
+    from harness.cli import EXIT_USAGE, main
+
+    case = tmp_path / "case.json"
+    case.write_text("{}")
+    assert main(["replay", str(case), "--kernel", "intree.blelloch_scan", "--problem", "notjson"]) == EXIT_USAGE
+    assert "replay got FILE" in capsys.readouterr().err

@@ -341,6 +341,9 @@ def test_answer_table_filters_orders_and_takes_the_worst():
     ({"question": "q", "rows": "kernel", "columns": "eps", "value": "no field"}, "value='no field'"),
     ({"question": "q", "rows": "kernel", "columns": "eps", "value": "{v}", "colour": 1}, "unknown keys"),
     ({"question": "q", "rows": "kernel", "columns": "eps", "value": "{verdict"}, "is not a format string"),
+    ({"question": "q", "rows": 5, "columns": "eps", "value": "{verdict}"}, "rows=5 must be"),  # a traceback before
+    ({"question": "q", "rows": True, "columns": "eps", "value": "{verdict}"}, "rows=True must be"),
+    ({"question": "q", "rows": {"a": "kernel"}, "columns": "eps", "value": "{verdict}"}, "rows=\\{'a'"),
 ])
 def test_bad_answer_declarations_name_the_key(data, match):
     with pytest.raises(InvalidArgument, match=match):

@@ -403,6 +403,20 @@ def test_a_baseline_without_the_metric_fails_the_term_naming_it(value):
     assert gate_records(base, baseline_records(), "rel:2x").passed  # a term on another metric is checked
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, "nan"])
+def test_a_baseline_whose_equivalent_cells_hold_a_non_finite_cond_fails_the_term(value):
+    """A baseline with NaN (or Inf, or the text "nan") in the cond_max of its equivalent records read as
+    "nothing to grow from": a run whose every cond grew 9x passed with "4 unchanged" (a blind hunt, session 27).
+    An equivalent case's cond is a finite number; such a baseline is damaged."""
+    base = replace(baseline_records(), {"kernel": "blelloch"}, cond_max=value)
+    new = [dict(r, cond_max=0.9) for r in baseline_records()]
+    result = gate_records(base, new, "cond:1.5x")
+    assert not result.passed
+    assert any("6 baseline record(s) judged equivalent hold cond_max" in f and "the baseline is damaged" in f
+               for f in result.failures), result.failures
+    assert gate_records(baseline_records(), baseline_records(), "cond:1.5x").passed
+
+
 def test_a_few_missing_values_and_unmeasurable_ones_are_still_skipped():
     """Some records without the metric, kernel errors (no metric at all) and NaN (a value that could not be
     measured, e.g. baseline_ratio of float64) do not make a term uncheckable."""

@@ -244,3 +244,28 @@ def test_a_tool_key_that_is_no_table_is_a_usage_error(tmp_path):
     (tmp_path / "pyproject.toml").write_text('tool = "x"\n')  # was an AttributeError traceback (a blind hunt)
     with pytest.raises(InvalidArgument, match=r"\[tool\] must be a table, got str"):
         load_project(tmp_path)
+
+
+@pytest.mark.parametrize("table", ['[tool]\nharness = { runs = "custom/runs" }\n',
+                                   'tool.harness.runs = "custom/runs"\n'])
+def test_init_force_never_writes_a_pyproject_toml_that_declares_the_table_twice(tmp_path, table):
+    """A [tool.harness] table written inline or as dotted keys is valid TOML that init cannot cut out:
+    ``init --force`` added a second table, wrote the file, and only then said it could not read it, leaving a
+    pyproject.toml that pip refuses (a blind hunt, session 27). Refused now before anything is written."""
+    from harness.scaffold import init_project
+
+    original = (table + '\n[project]\nname = "p"\n') if table.startswith("tool.") else ('[project]\nname = "p"\n\n' + table)
+    (tmp_path / "pyproject.toml").write_text(original)
+    with pytest.raises(InvalidArgument, match="nothing was written. Remove that table by hand"):
+        init_project(tmp_path, [KernelEntry("k.py:f", "linear_scan")], force=True, workflow=False)
+    assert (tmp_path / "pyproject.toml").read_text() == original
+
+
+def test_init_keeps_the_file_s_line_endings(tmp_path):
+    from harness.scaffold import init_project
+
+    (tmp_path / "pyproject.toml").write_bytes(b'[project]\r\nname = "p"\r\n')
+    init_project(tmp_path, [KernelEntry("k.py:f", "linear_scan")], workflow=False)
+    data = (tmp_path / "pyproject.toml").read_bytes()
+    assert b"[tool.harness]" in data and b"\n" not in data.replace(b"\r\n", b"")
+    assert tomllib.loads(data.decode())["project"]["name"] == "p"
