@@ -68,7 +68,8 @@ def sample_records() -> list[dict]:
 def write_run(run_dir: Path, records: list[dict], *, workers: int = 0) -> Path:
     """Write ``records`` as one run (split round-robin over ``workers`` worker files when > 0)."""
     if workers:
-        RunStore(run_dir, header=HEADER).close()
+        with RunStore(run_dir, header=HEADER):  # the header of a run that ended (`RunStore.finish`)
+            pass
         (run_dir / "records.jsonl").unlink()
         for w in range(workers):
             with RunStore(run_dir, worker=f"gw{w}") as store:
