@@ -274,7 +274,9 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     options = options or RunOptions()
     given = forward is not None
     if forward is None:
-        forward = run_case(spec, problem, options, inputs=inputs)
+        kept: dict[str, torch.Tensor] = {}  # its output: a training forward equal to it needs no second judgement
+        forward = run_case(spec, problem, options, inputs=inputs, keep_output=kept)
+        forward_output = kept.get("output") if forward_output is None else forward_output
     if not (forward_judged(forward) or (after_divergent and forward.get("verdict") == "divergent")):
         return [] if given else [forward]
     inputs = problem.make_inputs() if inputs is None else inputs
