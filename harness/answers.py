@@ -217,13 +217,13 @@ def answer_cells(table: AnswerTable, records: Sequence[Mapping[str, Any]]) -> tu
 
 
 def answer_markdown(table: AnswerTable, records: Sequence[Mapping[str, Any]]) -> str:
-    """The question in bold, then the table as GitHub Markdown (``-`` for an empty cell)."""
+    """The question in bold (escaped, on one line), then the table as GitHub Markdown (``-`` for an empty cell)."""
     from tabulate import tabulate
 
     from harness.report import _md_cell, format_value
 
     row_keys, columns, chosen = answer_cells(table, records)
-    head = f"**{table.question}**"
+    head = f"**{_md_cell(table.question)}**"  # the sweep author's text: shown, never rendered (no HTML, no link)
     if not chosen:
         return head + "\n\n_No record matches this table._"
     headers = [" / ".join(table.rows) + " \\ " + table.columns,

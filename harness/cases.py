@@ -12,7 +12,8 @@ failure can say ``divergent``). The suite replays every file on every run; so do
 
 A sweep is a grid: kernels (registered, or a project's own `file.py:attr` with the group's ``family``) x lengths x
 dtypes x eps x chunk sizes x regimes, plus fixed problem fields,
-and optional kernel pairs compared directly (differential mode). `harness sweep NAME` runs one.
+and optional kernel pairs compared directly (differential mode). `harness sweep NAME` runs one. A grid
+value, a group's kernel or a pair listed twice is refused (every case of it ran twice, unannounced).
 """
 
 from __future__ import annotations
@@ -312,6 +313,9 @@ class Sweep:
     groups: list[SweepGroup]
     pairs: list[tuple[str, str]] = field(default_factory=list)
     answers: list = field(default_factory=list)  # harness.answers.AnswerTable: the question it answers
+    #: sha256 of the file's parsed TOML: two runs of one sweep name made from different versions of its file
+    #: (a grid edited between two shards' jobs) differ in it; comments and layout do not count.
+    digest: str = ""
 
     def spec(self, name: str) -> KernelSpec:
         """The kernel a name of the file runs as: a group's resolved target, else the registered kernel."""
@@ -498,6 +502,14 @@ def _target_specs(kernels: list[str], family: Any, root: Path, where: str) -> di
     return specs
 
 
+def _refuse_twice(what: str, values: list[Any]) -> None:
+    """`InvalidArgument` where ``values`` (a sweep's grid values, kernels or pairs) holds one more than once:
+    every case of it ran twice, unannounced, and weighed twice in the report's counts."""
+    twice = sorted({repr(v) for i, v in enumerate(values) if v in values[:i]})
+    if twice:
+        raise InvalidArgument(f"{what}={values!r} lists {', '.join(twice)} more than once; expected each once")
+
+
 def _group(data: dict[str, Any], where: str, root: Path) -> SweepGroup:
     import dataclasses
 
@@ -510,6 +522,7 @@ def _group(data: dict[str, Any], where: str, root: Path) -> SweepGroup:
     kernels, grid, fixed = data["kernels"], data["grid"], data.get("fixed", {})
     if not isinstance(kernels, list) or not kernels or not all(isinstance(k, str) for k in kernels):
         raise InvalidArgument(f"sweep {where}: kernels={kernels!r}; expected a non-empty list of kernel names")
+    _refuse_twice(f"sweep {where}: kernels", kernels)
     family = data.get("family")
     if family is not None:
         try:
@@ -529,10 +542,7 @@ def _group(data: dict[str, Any], where: str, root: Path) -> SweepGroup:
     if empty:
         raise InvalidArgument(f"sweep {where}: grid {empty} empty; expected at least one value each")
     for key, values in grid.items():  # a value listed twice ran every case of it twice (blind hunt, session 23)
-        twice = sorted({repr(v) for i, v in enumerate(values) if v in values[:i]})
-        if twice:
-            raise InvalidArgument(f"sweep {where}: grid {key}={values!r} lists {', '.join(twice)} more than once; "
-                                  "expected each value once")
+        _refuse_twice(f"sweep {where}: grid {key}", values)
     _check_required(grid, fixed, where)
     group = SweepGroup(kernels=list(kernels), grid=grid, fixed=dict(fixed), specs=specs)
     try:
@@ -577,8 +587,10 @@ def load_sweep(name: str, project=None) -> Sweep:
     pairs = data.get("pairs", [])
     if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
         raise InvalidArgument(f"sweep {path}: pairs={pairs!r}; expected a list of [kernel_a, kernel_b]")
+    _refuse_twice(f"sweep {path}: pairs", pairs)
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
     sweep = Sweep(name=data.get("name", path.stem), description=data.get("description", ""), groups=groups,
-                  pairs=[tuple(p) for p in pairs])
+                  pairs=[tuple(p) for p in pairs], digest=digest)
     for pair in pairs:
         _check_pair(pair, str(path), sweep)
     if "answer" in data:

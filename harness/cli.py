@@ -110,11 +110,14 @@ def _directory(flag: str, path: Path) -> Path:
 
 
 def _run_dir(args, name: str) -> Path:
-    """The run directory: ``--report-dir`` or a fresh stamped one; one that holds a run needs ``--append``."""
+    """The run directory: ``--report-dir`` or a fresh stamped one; one that holds a run needs ``--append``, and
+    one that holds someone else's index.md or CSVs is refused (`harness.report.foreign_report_files`)."""
+    from harness.report import refuse_foreign_files
     from harness.store import has_records
 
     run_dir = _directory("--report-dir", Path(args.report_dir) if args.report_dir
                          else _default_run_dir(name, _project(args)))
+    refuse_foreign_files("--report-dir", run_dir)
     if has_records(run_dir) and not getattr(args, "append", False):
         raise InvalidArgument(f"--report-dir={str(run_dir)!r} already holds the records of a run; pass --append to "
                               "add this run's records to it, or choose another directory")
@@ -290,9 +293,15 @@ def cmd_check(args) -> int:
     # named now: an in-process kernel that changes the working directory renamed its file's searches line
     shown = {target: canonical_target(target) for target, _ in targets}
     checked = []  # the kernels by name, in the header: how a shard's --kernel was typed does not matter to merge
+    typed: dict[str, str] = {}  # each checked kernel -> the --kernel that named it first
     for target, family in targets:  # a bad target is a usage error before any directory is made
         spec = _checked_spec(args, target, family)
-        checked.append(f"{spec.name} ({spec.family.value})")
+        label = f"{spec.name} ({spec.family.value})"
+        if label in typed:  # its searches ran twice, unannounced, and the report counted each case twice
+            raise InvalidArgument(f"--kernel={target!r} names {label}, which --kernel={typed[label]!r} names too; "
+                                  "expected each kernel once")
+        typed[label] = target
+        checked.append(label)
         if spec.source == "user" and spec.capabilities.notes:  # e.g. what its signature left out
             print(f"{spec.name}: {spec.capabilities.notes}")
     shard = Shard.parse(args.shard) if args.shard else None
@@ -405,7 +414,7 @@ def cmd_sweep(args) -> int:
     options = RunOptions(policy=_policy(args))
     shard = Shard.parse(args.shard) if args.shard else None
     header = dict(environment(f"sweep:{sweep.name}"), policy=dataclasses.asdict(options.policy),
-                  **shard_header(shard))
+                  sweep_digest=sweep.digest, **shard_header(shard))
     if sweep.answers:  # the sweep's question and its table, rendered by the report from the run alone
         header["answers"] = [table.to_dict() for table in sweep.answers]
     take = shard.take if shard is not None else iter
@@ -527,12 +536,14 @@ def _replay_kernel(kernel: str, family: str):
 
 
 def cmd_report(args) -> int:
-    from harness.report import build_report, summary_markdown, terminal_text
+    from harness.report import build_report, refuse_foreign_files, summary_markdown, terminal_text
     from harness.store import load_header, load_records
 
     records = load_records(args.run_dir)
     if not records:
         raise InvalidArgument(f"run_dir={args.run_dir!r} holds no records (records*.jsonl)")
+    if args.out is not None:
+        refuse_foreign_files("--out", _directory("--out", Path(args.out)))
     paths = build_report(args.run_dir, args.out)
     print(terminal_text(summary_markdown(records, load_header(args.run_dir))))
     print(f"\nreport: {getattr(paths, 'index', paths)}")

@@ -699,6 +699,9 @@ def gate(baseline_dir: str | os.PathLike, new_dir: str | os.PathLike, fail_on: s
     if not new_path.is_dir():
         raise InvalidArgument(f"new_dir={str(new_dir)!r} is not a directory; expected the run directory of a sweep or a "
                               "check (--report-dir)")
+    if new_path.resolve() == base_path.resolve():
+        raise InvalidArgument(f"new_dir={str(new_dir)!r} is the baseline itself ({str(baseline_dir)!r}): a run "
+                              "compared with itself cannot fail; expected the run directory of a sweep or a check")
     new_records = load_records(new_path)
     if not new_records:
         raise InvalidArgument(f"new_dir={str(new_dir)!r} holds no records (records*.jsonl); run a sweep or a "

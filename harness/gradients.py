@@ -366,10 +366,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                 ranged, its_judgement = judged(peaks[0][name])
                 if its_judgement.verdict is not Verdict.DIVERGENT:
                     div, judgement = ranged, its_judgement
-        # the case's description, not the forward's measurements (a final state's cond copied into every
-        # gradient row had the table show it as their worst, a blind hunt found)
-        record = {k: v for k, v in forward.items()
-                  if not k.startswith(("t_", "cond", "max_", "ulp", "worst", "final_state_", "verdict_target"))}
+        record = _case_fields(forward)
         record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype", "length")})
         if axis is None:  # no sequence axis: the measurement's positions are along the input's last axis
             record.update(NO_POSITIONS)
@@ -401,10 +398,15 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     return ([] if training is None else [training]) + records
 
 
-def _same_output(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit the same values (NaN where the other has NaN), as float64 on the CPU."""
-    a, b = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
-    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+#: Fields of a forward record that are its measurement, not the case's description: a gradient record (or the
+#: training forward's) starts from the forward's record without them (a final state's cond copied into every
+#: gradient row had the table show it as their worst, a blind hunt found).
+_FORWARD_MEASUREMENT_PREFIXES = ("t_", "cond", "max_", "ulp", "worst", "final_state_", "verdict_target")
+
+
+def _case_fields(forward: dict[str, Any]) -> dict[str, Any]:
+    """The forward record's description of the case (`_FORWARD_MEASUREMENT_PREFIXES` left out)."""
+    return {k: v for k, v in forward.items() if not k.startswith(_FORWARD_MEASUREMENT_PREFIXES)}
 
 
 def _training_forward(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], output: torch.Tensor,
@@ -418,12 +420,12 @@ def _training_forward(spec: KernelSpec, problem: Problem, inputs: dict[str, torc
     Its cause is ``kernel_bug``, or ``precision_loss`` where the same forward with grad in float64 is equivalent.
     """
     from harness.kernels.guard import _contract
+    from harness.kernels.isolation import same_bits
     from harness.runner import judged_output
 
-    if forward_output is not None and _same_output(output, forward_output):
+    if forward_output is not None and same_bits(output.detach().to("cpu", torch.float64), forward_output):
         return None
-    record = {k: v for k, v in forward.items()
-              if not k.startswith(("t_", "cond", "max_", "ulp", "worst", "final_state_", "verdict_target"))}
+    record = _case_fields(forward)
     record.update(mode="grad", grad_of="*", kernel=f"{spec.name}:grad[*]", outcome="ok", training_forward=True,
                   replay=_replay_gradient(forward.get("replay"), "*"))
     what = "the forward with inputs requiring grad (the path a training step takes)"

@@ -191,6 +191,12 @@ def pytest_configure(config: pytest.Config) -> None:
         report_dir = Path(options.report_dir)
         if not report_dir.is_absolute():
             report_dir = Path(config.invocation_params.dir) / report_dir
+        from harness.report import refuse_foreign_files
+
+        try:
+            refuse_foreign_files("--harness-report-dir", report_dir)
+        except InvalidArgument as exc:
+            raise pytest.UsageError(str(exc)) from None
         state.report_dir = state.run_dir = report_dir
         _clear_previous_run(report_dir)
     else:

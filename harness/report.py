@@ -770,6 +770,35 @@ def write_report(records: Sequence[Mapping[str, Any]], header: Mapping[str, Any]
     return paths
 
 
+def foreign_report_files(out_dir: str | os.PathLike) -> list[str]:
+    """The files in ``out_dir`` that a report would overwrite although no harness run or report wrote them.
+
+    A folder with a run header, run records or an earlier report (``report.json``) is the harness's own; in any
+    other folder an ``index.md`` or ``summary.csv`` is someone else's (a hand-written docs page), which a report
+    written there would replace and which ``clear_report`` would delete.
+    """
+    from harness.store import HEADER_FILE, RECORDS_GLOB
+
+    out = Path(out_dir)
+    if not out.is_dir() or (out / "report.json").exists() or (out / HEADER_FILE).exists() \
+            or any(out.glob(RECORDS_GLOB)):
+        return []
+    return [name for name in REPORT_FILES if (out / name).exists()] \
+        + sorted(p.name for pattern in ("plot_*.png", "case_*.png") for p in out.glob(pattern))
+
+
+def refuse_foreign_files(flag: str, out_dir: str | os.PathLike) -> None:
+    """Raise `InvalidArgument` naming ``flag`` where ``out_dir`` holds files of `foreign_report_files`."""
+    names = foreign_report_files(out_dir)
+    if names:
+        from harness.errors import InvalidArgument
+
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise InvalidArgument(f"{flag}={str(out_dir)!r} holds {shown}, which no harness run or report wrote (no "
+                              "run.json, records or report.json beside them) and which a report there would "
+                              "overwrite; expected a new or empty directory, or one of the harness's runs")
+
+
 def clear_report(out_dir: str | os.PathLike) -> None:
     """Remove the files a previous report wrote into ``out_dir`` (and nothing else)."""
     out = Path(out_dir)

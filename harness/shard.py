@@ -7,7 +7,8 @@ runs into one whose records, and so whose report, equal the unsharded run's. The
 the sweep's definition and on which kernels are available (which the run header records), never on
 timing, so every job computes the same partition independently.
 
-`merge_runs` refuses what would give a wrong report: runs of different sweeps, checks, machines or code
+`merge_runs` refuses what would give a wrong report: runs of different sweeps (or versions of one sweep
+file), checks, machines or code
 (`run_identity`: the header fields in `MUST_AGREE`, the options of the recorded command but those of
 `PER_JOB_OPTIONS`, and the records' verdict threshold), a shard given twice, shards of different counts,
 a case recorded by two shards, and (unless ``allow_missing``) a missing or partial (interrupted) shard; a
@@ -27,7 +28,8 @@ from harness.errors import InvalidArgument
 T = TypeVar("T")
 
 #: Header fields that must be the same in every shard of one merged run.
-MUST_AGREE = ("harness_version", "harness_commit", "torch", "python", "device", "cuda", "git_commit", "profile")
+MUST_AGREE = ("harness_version", "harness_commit", "torch", "python", "device", "cuda", "git_commit", "profile",
+              "sweep_digest")
 
 #: Options of `harness check` and `harness sweep` (their argparse destinations) that say where a job writes
 #: or what it prints, not what it runs: the shards of one run differ in them, and in nothing else they

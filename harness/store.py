@@ -319,9 +319,10 @@ _CUT_REPORTED: set[str] = set()
 
 def _record_of(path: Path, number: int, line: str) -> dict[str, Any]:
     """Line ``number`` of records file ``path`` as a record, or `InvalidArgument` naming the file, the line and
-    what is wrong with it (not JSON, not an object, a required field missing or not a string, a `KEY_FIELDS`
-    field of the wrong type)."""
+    what is wrong with it (not JSON, not an object, a required field missing or not a string, a verdict not
+    one of `harness.records.VERDICTS`, a `KEY_FIELDS` field of the wrong type)."""
     from harness.errors import InvalidArgument
+    from harness.records import VERDICTS
 
     where = f"records file {str(path)!r} line {number}"
     try:
@@ -337,6 +338,10 @@ def _record_of(path: Path, number: int, line: str) -> dict[str, Any]:
         shown = ", ".join(f"{key}={value.get(key)!r}" for key in bad)
         raise InvalidArgument(f"{where}: {shown}; expected every record to carry {list(REQUIRED_FIELDS)} as "
                               "strings (a damaged or hand-edited record?)")
+    if value["verdict"] not in VERDICTS:
+        raise InvalidArgument(f"{where}: verdict={value['verdict']!r}; expected one of {list(VERDICTS)} (a report "
+                              "and a gate rank verdicts by it: an unknown one read as better or worse than any; a "
+                              "damaged or hand-edited record?)")
     record = _decode(value)
     _check_key_fields(where, record)
     return record

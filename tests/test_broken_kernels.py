@@ -253,3 +253,28 @@ def test_a_wrong_shape_that_is_the_expected_one_transposed_says_so():
     record = run_case(user_kernel_spec(scan_channels_last_out, family="linear_scan"), problem)
     assert record["verdict"] == "kernel_error" and record["cause"] == "wrong_shape", record["why"]
     assert "returned shape (2, 7, 3), expected (2, 3, 7) (the expected shape with axes 1 and 2 swapped" in record["why"]
+
+
+def takes_a_third_input(a, b, c):
+    """The family calls fn(a, b): the call cannot bind."""
+    return b.clone()
+
+
+def raises_its_own_type_error(a, b):
+    return torch.cumsum(b, "the last axis")
+
+
+@pytest.mark.parametrize("options", [OPTIONS, IN_PROCESS], ids=["process", "in-process"])
+def test_a_signature_that_cannot_take_the_call_is_said_so_not_placed_in_the_harness(options):
+    """A kernel whose signature does not take the family's call read "TypeError: ... missing 1 required positional
+    argument: 'c' (at .../harness/kernels/isolation.py:495)", which sent its reader into the harness (a blind hunt,
+    session 27). A TypeError of the kernel's own code keeps its own line."""
+    p = problem(length=5)
+    record = run_case(user_kernel_spec(takes_a_third_input, family="linear_scan"), p, options)
+    assert record["verdict"] == "kernel_error" and record["cause"] == "raised", record["why"]
+    assert "missing 1 required positional argument: 'c' (raised by the call itself, before any line of the " \
+        "kernel ran: its signature does not take the arguments of the family's call)" in record["error"]
+    assert "harness/kernels" not in record["error"]
+    record = run_case(user_kernel_spec(raises_its_own_type_error, family="linear_scan"), p, options)
+    assert record["cause"] == "raised" and "raised by the call itself" not in record["error"]
+    assert f"(at {__file__}:" in record["error"], record["error"]

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.user_sources import LOOP_SCAN
+
 ROOT = Path(__file__).resolve().parent.parent
 
 KERNELS = textwrap.dedent(
@@ -395,6 +397,20 @@ def test_an_empty_output_folder_is_a_usage_error(flag, value, tmp_path, monkeypa
     assert main(["check", "--kernel", "intree.blelloch_scan", flag, value]) == EXIT_USAGE
     assert f"{flag}={value!r} is empty; expected a path" in capsys.readouterr().err
     assert not (tmp_path / ".harness").exists()
+
+
+def test_a_kernel_named_twice_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    """``--kernel k.py:scan --kernel ./k.py:scan`` (one kernel, typed two ways, or a project table listing it
+    twice) ran every search twice with no word (a blind hunt, session 27)."""
+    from harness.cli import EXIT_USAGE, main
+
+    (tmp_path / "k.py").write_text(LOOP_SCAN)
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--kernel", "k.py:scan", "--kernel", str(tmp_path / "k.py") + ":scan", "--family",
+                 "linear_scan", "--report-dir", "run"]) == EXIT_USAGE
+    assert f"--kernel={str(tmp_path / 'k.py') + ':scan'!r} names user.k.py:scan (linear_scan), which " \
+        "--kernel='k.py:scan' names too; expected each kernel once" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def _zeros_scan(a, b):

@@ -334,6 +334,19 @@ def test_answer_table_filters_orders_and_takes_the_worst():
         "|-------------------|------------|-----------|", "| k                 | equivalent | divergent |"]
 
 
+def test_an_answer_question_is_shown_as_written_never_rendered():
+    """A sweep's question went into index.md as raw Markdown: ``<img src=x onerror=...>``, a link, or a blank line
+    and a "# Gate passed" heading rendered as the report's own (a blind hunt, session 27). It is escaped and on
+    one line; the terminal shows it as written."""
+    from harness.report import terminal_text
+
+    question = "Is <b>it</b> [safe](http://x)?\n\n# Gate passed | max |A - B|"
+    table = AnswerTable.from_dict({"question": question, "rows": "kernel", "columns": "length", "value": "{verdict}"})
+    head = answer_markdown(table, [_record("k", "equivalent", "rounding", length=16)]).splitlines()[0]
+    assert head == "**Is &lt;b&gt;it&lt;/b&gt; \\[safe\\](http://x)? # Gate passed \\| max \\|A - B\\|**"
+    assert terminal_text(head) == "**Is <b>it</b> [safe](http://x)? # Gate passed | max |A - B|**"
+
+
 @pytest.mark.parametrize("data, match", [
     ({"rows": "kernel", "columns": "eps", "value": "{verdict}"}, "no 'question'"),
     ({"question": "q", "rows": [], "columns": "eps", "value": "{verdict}"}, "rows=\\[\\]"),

@@ -384,6 +384,32 @@ def test_a_record_with_a_key_field_of_the_wrong_type_is_refused_not_a_new_cell(t
     assert f"{str(new / 'records.jsonl')!r} line {line}: {field}={value!r} must be " in str(info.value)
 
 
+@pytest.mark.parametrize("verdict", ["bogus", "Divergent", "passed"])
+def test_a_baseline_record_with_an_unknown_verdict_is_refused_not_read_as_better(tmp_path, verdict):
+    """A baseline whose divergent cell read ``"verdict": "bogus"`` ranked it as bad as kernel_error, so an
+    equivalent cell in the new run read "1 better verdict" and an out_of_domain one passed (a blind hunt, session
+    27): the file and line are named, and nothing is compared."""
+    cell = {"kernel": "blelloch", "dtype": "float16", "length": 64}
+    base = write_run(tmp_path / "base", replace(baseline_records(), cell, verdict=verdict))
+    new = write_run(tmp_path / "new", baseline_records())
+    line = 1 + [(r["kernel"], r["dtype"], r["length"]) for r in baseline_records()].index(
+        ("blelloch", "float16", 64))
+    with pytest.raises(InvalidArgument) as info:
+        gate(base, new, fail_on="cond:1.5x")
+    assert f"{str(base / 'records.jsonl')!r} line {line}: verdict={verdict!r}; expected one of ['equivalent', " \
+        "'divergent', 'out_of_domain', 'kernel_error']" in str(info.value)
+
+
+def test_a_baseline_gated_against_itself_is_refused(tmp_path, monkeypatch):
+    """``harness gate reports/baseline`` (the run argument given the baseline's folder) passed with "N cells
+    unchanged" whatever the kernels do (a blind hunt, session 27); a path spelt otherwise is the same folder."""
+    base = write_run(tmp_path / "baseline", replace(baseline_records(), {"length": 64}, verdict="divergent"))
+    monkeypatch.chdir(tmp_path)
+    for run in (base, Path("baseline"), Path("baseline/../baseline")):
+        with pytest.raises(InvalidArgument, match="is the baseline itself .*cannot fail; expected the run directory"):
+            gate(base, run, fail_on="cond:1.5x")
+
+
 # ---------------------------------------------------------------------- a metric no record holds
 @pytest.mark.parametrize("value", [None, "garbage", "absent"])
 def test_a_baseline_without_the_metric_fails_the_term_naming_it(value):

@@ -256,3 +256,16 @@ def test_b(): print("THREADS", torch.get_num_threads(), thread_budget())
     share = str(worker_threads(cores, 2))
     assert seen == {(share, share)}, result.outlines  # torch's threads and the oracles' compiled kernels'
 
+
+
+def test_a_report_dir_of_someone_else_s_files_is_a_usage_error(pytester):
+    """``--harness-report-dir docs`` deleted a hand-written docs/index.md (the plugin clears an earlier session's
+    report first) and wrote its own there (a blind hunt, session 27): now it is a usage error, nothing touched."""
+    docs = pytester.path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Our kernels\n")
+    result = run_inner(pytester, "--harness-report-dir", "docs")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--harness-report-dir=*docs* holds index.md, which no harness run or report "
+                                 "wrote*"])
+    assert [p.name for p in docs.iterdir()] == ["index.md"] and (docs / "index.md").read_text() == "# Our kernels\n"

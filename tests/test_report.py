@@ -463,3 +463,33 @@ def test_canonical_order_forms_the_text_of_tied_records_only(monkeypatch):
     ordered = canonical_order(records[::-1])
     assert len(formed) == 3  # the three records of case c0
     assert [r.get("grad_of") for r in ordered[:3]] == ["a", "b", None]
+
+
+# ------------------------------------------------------------------------------- folders not the harness's
+HAND_WRITTEN = "# Our kernels\n\nWritten by hand.\n"
+
+
+def test_a_report_is_not_written_over_a_folder_of_someone_else_s_files(tmp_path, capsys):
+    """``harness report RUN --out docs`` replaced a hand-written docs/index.md, and ``--report-dir docs`` did the
+    same after a whole run (a blind hunt, session 27): a folder whose index.md or CSVs no harness run or report
+    wrote is refused before anything is written; a new folder, or an earlier report's, is written as before."""
+    from harness.cli import EXIT_OK, EXIT_USAGE, main
+
+    run = write_run(tmp_path / "run", sample_records())
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text(HAND_WRITTEN)
+    (docs / "summary.csv").write_text("a,b\n1,2\n")
+    assert main(["report", str(run), "--out", str(docs)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"--out={str(docs)!r} holds index.md, summary.csv, which no harness run or report wrote" in err, err
+    assert (docs / "index.md").read_text() == HAND_WRITTEN and sorted(p.name for p in docs.iterdir()) == \
+        ["index.md", "summary.csv"]
+    assert main(["check", "--kernel", "intree.blelloch_scan", "--max-examples", "2", "--report-dir", str(docs),
+                 "--cases-dir", str(tmp_path / "cases")]) == EXIT_USAGE
+    assert f"--report-dir={str(docs)!r} holds index.md, summary.csv" in capsys.readouterr().err
+    assert (docs / "index.md").read_text() == HAND_WRITTEN and not (docs / "run.json").exists()
+    for out in (tmp_path / "new", tmp_path / "new"):  # a new folder, then the report it holds: both written
+        assert main(["report", str(run), "--out", str(out)]) == EXIT_OK
+        assert (out / "report.json").is_file() and (out / "index.md").read_text() != HAND_WRITTEN
+    assert main(["report", str(run)]) == EXIT_OK  # the run's own folder

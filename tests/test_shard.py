@@ -128,6 +128,29 @@ def test_the_command_line_shards_and_merges(sharded, tmp_path, capsys):
     assert "shard=3/2" in err and "missing" in err and "not empty" in err
 
 
+def test_merge_refuses_shards_of_two_versions_of_one_sweep_file(tmp_path, capsys):
+    """A grid edited between two jobs of one sweep (same name, same commit: a user's uncommitted file) merged
+    into one run whose cases no version of the file has (a blind hunt, session 27). The header records a digest
+    of the parsed file; comments and layout do not change it."""
+    from harness.cli import EXIT_OK, EXIT_USAGE, main
+
+    one = "name = 'edited'\n[[group]]\nkernels = ['intree.blelloch_scan']\n[group.fixed]\ndim = 2\n" \
+          "[group.grid]\nlength = [3, 17]\ndtype = ['float64']\n"
+    sweep = tmp_path / "edited.toml"
+    sweep.write_text(one)
+    run = ["sweep", str(sweep), "--quiet", "--in-process", "--report-dir"]
+    assert main([*run, str(tmp_path / "s1"), "--shard", "1/2"]) == EXIT_OK
+    sweep.write_text("# the same grid, laid out otherwise\n" + one.replace("[3, 17]", "[ 3,  17 ]"))
+    assert main([*run, str(tmp_path / "s2"), "--shard", "2/2"]) == EXIT_OK
+    sweep.write_text(one.replace("[3, 17]", "[3, 18]"))
+    assert main([*run, str(tmp_path / "s2b"), "--shard", "2/2"]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["merge", str(tmp_path / "s1"), str(tmp_path / "s2b"), "--out", str(tmp_path / "bad")]) == EXIT_USAGE
+    assert "differ in 'sweep_digest'" in capsys.readouterr().err
+    assert main(["merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--out", str(tmp_path / "m")]) == EXIT_OK
+    assert sorted(r["length"] for r in load_records(tmp_path / "m")) == [3, 17]
+
+
 # ------------------------------------------------------------------------------------------ checks
 CHECKED = ("--kernel", "intree.blelloch_scan", "--family", "linear_scan", "--dtypes", "float64,float32,float16",
            "--profile", "ci", "--max-examples", "3", "--no-grad", "--in-process")

@@ -20,6 +20,27 @@ def test_a_sweep_grid_that_lists_a_value_twice_is_refused(tmp_path):
     assert len(list(load_sweep(str(sweep)).cases())) == 2
 
 
+@pytest.mark.parametrize("text, shown", [
+    ('kernels = ["intree.sequential_scan", "intree.blelloch_scan", "intree.sequential_scan"]\n[grid]\nlength = [3]\n'
+     'dtype = ["float64"]\n', r"kernels=\[.*\] lists 'intree.sequential_scan' more than once"),
+    ('pairs = [["intree.retention_parallel", "intree.retention_chunkwise"], ["intree.retention_parallel", '
+     '"intree.retention_chunkwise"]]\n[[group]]\nkernels = ["intree.retention_parallel", '
+     '"intree.retention_chunkwise"]\n[group.fixed]\nheads = 1\ndk = 2\ndv = 2\nchunk_size = 2\n[group.grid]\n'
+     'length = [4]\ndtype = ["float64"]\n', r"pairs=\[.*\] lists \['intree.retention_parallel', "
+     r"'intree.retention_chunkwise'\] more than once"),
+])
+def test_a_sweep_that_lists_a_kernel_or_a_pair_twice_is_refused(tmp_path, text, shown):
+    """A kernel (or a pair) listed twice ran every case twice with no word, and the report counted each case
+    twice (a blind hunt, session 27)."""
+    from harness.cases import load_sweep
+    from harness.errors import InvalidArgument
+
+    sweep = tmp_path / "dupe.toml"
+    sweep.write_text(text)
+    with pytest.raises(InvalidArgument, match=shown):
+        load_sweep(str(sweep))
+
+
 KERNELS_PY = LOOP_SCAN + """
 
 def forgets_a(a, b):  # planted: the decay is never applied

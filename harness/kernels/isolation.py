@@ -229,11 +229,23 @@ def kernel_ref(spec, fn: Callable | None = None) -> tuple[KernelRef | None, str]
 
 
 # ----------------------------------------------------------------------------------------- the worker
+#: The files whose lines call a kernel (this one in a worker, guard.py in process, contract.py's device
+#: wrapper): a TypeError whose last frame is one of them was raised by the call, not by the kernel's code.
+_CALL_SITES = frozenset(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+                        for name in ("isolation.py", "guard.py", "contract.py"))
+
+
 def _describe(exc: BaseException) -> str:
+    """``Type: message (at file:line)`` of an exception a kernel raised. A TypeError whose last frame is the
+    harness's own call is the call failing to bind (a signature that does not take the family's arguments):
+    said so, where "(at harness/kernels/isolation.py:495)" sent its reader into the harness's code."""
     import traceback
 
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    if isinstance(exc, TypeError) and frames and os.path.abspath(frames[-1].filename) in _CALL_SITES:
+        where = (" (raised by the call itself, before any line of the kernel ran: its signature does not take "
+                 "the arguments of the family's call)")
     try:
         text = str(exc)
     except BaseException as inner:  # noqa: BLE001 - an exception whose str() raises is still the kernel's
