@@ -334,3 +334,23 @@ def test_a_factor_the_bound_barely_admits_is_not_named():
     v = {r["grad_of"]: r for r in gradient_case(spec, problem)}["v"]
     assert v["verdict"] == "divergent" and v["cause"] == "kernel_bug", v["why"]
     assert "constant factor" not in v["why"]
+
+
+def gla_scale_by_dv(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    """The default scale taken from the value dimension."""
+    return registry.get("intree.sequential_gla").callable()(
+        q, k, v, g, scale=v.shape[-1] ** -0.5 if scale is None else scale, initial_state=initial_state,
+        output_final_state=output_final_state)
+
+
+def test_a_constant_factor_is_named_at_the_tiny_regime_s_magnitudes():
+    """In float64's ``tiny`` regime (outputs near 1e-229) the least-squares factor squared the values to 0, so a
+    kernel off by exactly (dk / dv)**0.5 stayed a kernel_bug, with the hint that "part of it may compute in
+    float16", which holds no digit of such values (a blind hunt, session 28)."""
+    p = Problem(family="gla", length=40, dtype="float64", batch=1, heads=2, dk=3, dv=33, seed=0, regime="tiny",
+                has_initial_state=True)
+    x = p.make_inputs()
+    assert float(x["q"].abs().max() * x["k"].abs().max() * x["v"].abs().max()) < 1e-154  # squares underflow
+    record = run_case(user_kernel_spec(gla_scale_by_dv, family="gla"), p)
+    assert record["verdict"] == "divergent" and record["cause"] == "constant_factor", record["why"]
+    assert "(dk / dv)**0.5" in record["why"] and "float16" not in record["why"], record["why"]
