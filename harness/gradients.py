@@ -43,7 +43,8 @@ from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionC
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
 from harness.runner import (RunOptions, call_args, chunk_blocking, explains, factor_clause, factor_gains, factors_to_try,
-                            half_precision_clause, inputs_in, output_shape, reference_trace, rerun_options, run_case)
+                            half_precision_clause, inputs_in, named_inputs, output_shape, reference_trace, rerun_options,
+                            run_case)
 from harness.verdict import Verdict, domain_kind, judge
 from reference_impls.trace import Trace
 
@@ -292,7 +293,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     if outcome is not Outcome.OK:  # a failing backward is a finding, recorded
         if forward_failed and not spec.capabilities.autograd:
             return []  # an undeclared kernel that cannot take inputs requiring grad: not differentiable
-        what = (got if outcome is Outcome.MUTATED_INPUT
+        what = (named_inputs(problem, got) if outcome is Outcome.MUTATED_INPUT
                 else f"forward with inputs requiring grad {got}" if forward_failed else f"backward {got}")
         message = f"{outcome.value}: {what}"
         record = dict(forward, mode="grad", grad_of="*", outcome=outcome.value, error=message,

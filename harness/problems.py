@@ -276,6 +276,18 @@ class Problem:
         """Keyword arguments besides the tensors (selective_scan's flag, eps, chunk_size)."""
         return self.definition.call_kwargs(self)
 
+    def positional_names(self) -> list[str | None]:
+        """The names of the kernel call's positional arguments (``["q", "k", "v", "g"]``; None for one that is
+        not an input tensor): a message about "input #3" names it ``g``."""
+        names, args, _ = self._meta_call()
+        return [names.get(id(a)) if isinstance(a, torch.Tensor) else None for a in args]
+
+    def _meta_call(self) -> tuple[dict[int, str], tuple, dict[str, Any]]:
+        """The call's arguments made of meta tensors (no memory), and each input tensor's name by its id."""
+        meta = {name: torch.empty(shape, dtype=self.torch_dtype, device="meta") for name, shape in self.shapes().items()}
+        args, kwargs = self.definition.call_args(self, meta, dict(self.call_kwargs()))
+        return {id(t): n for n, t in meta.items()}, args, kwargs
+
     def describe_call(self) -> str:
         """The kernel call this problem makes, tensors by shape: ``fn(u (2, 3, 5), ..., delta_softplus=True)``;
         a packed batch's boundaries with their values (``cu_seqlens=(3,) int64 [0, 2, 5]``, and ssd's
@@ -283,9 +295,7 @@ class Problem:
 
         What a kernel that raised or returned the wrong shape was handed (grouped B and C, a chunk size,
         an option it does not take), which the case's output shape alone does not say."""
-        shapes = self.shapes()
-        meta = {name: torch.empty(shape, dtype=self.torch_dtype, device="meta") for name, shape in shapes.items()}
-        args, kwargs = self.definition.call_args(self, meta, dict(self.call_kwargs()))
+        names, args, kwargs = self._meta_call()
 
         def show(value: Any, name: str = "") -> str:
             if not isinstance(value, torch.Tensor):
@@ -295,7 +305,6 @@ class Problem:
                 text += f" {list(self.cu_seqlens)}" if name == "cu_seqlens" else f" (cu_seqlens {list(self.cu_seqlens)})"
             return text
 
-        names = {id(t): n for n, t in meta.items()}
         parts = [f"{names.get(id(a), 'arg')} {show(a)}" if isinstance(a, torch.Tensor) else show(a) for a in args]
         parts += [f"{k}={show(v, k)}" for k, v in kwargs.items()]
         return f"fn({', '.join(parts)})"

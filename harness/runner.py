@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
@@ -31,7 +32,7 @@ from harness import dtypes, families
 from harness.errors import InvalidArgument
 from harness.kernels.contract import DTYPE_NAMES, RETNET, Family, KernelSpec, RetentionConvention
 from harness.kernels import isolation
-from harness.kernels.guard import call_guarded, shape_hint
+from harness.kernels.guard import Outcome, call_guarded, shape_hint
 from harness.problems import Problem
 from harness.verdict import Judgement, Policy, Verdict, domain_kind, judge
 
@@ -42,6 +43,20 @@ ARG_ORDER: dict[Family, tuple[str, ...]] = {Family.parse(n): families.get(n).arg
 def output_shape(problem: Problem) -> tuple[int, ...]:
     """The shape the family's contract promises for ``problem``."""
     return problem.definition.output_shape(problem)
+
+
+def named_inputs(problem: Problem, message: str | None) -> str | None:
+    """``message`` with the guard's "input #3" (a positional argument, counted from 0) named as the family
+    calls it, "input 'g'": a blind hunt (session 28) had to count the call's arguments to know which was written."""
+    if not message:
+        return None
+    names = problem.positional_names()
+
+    def named(match: re.Match) -> str:
+        i = int(match.group(1))
+        return f"input {names[i]!r}" if i < len(names) and names[i] else match.group(0)
+
+    return re.sub(r"input #(\d+)", named, message)
 
 
 def call_args(problem: Problem, inputs: dict[str, torch.Tensor],
@@ -255,12 +270,13 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
     if keep_output is not None and result.output is not None:
         keep_output["output"] = result.output.detach().to("cpu", torch.float64)
     record["outcome"] = result.outcome.value
-    record["error"] = result.message or None
+    record["error"] = named_inputs(problem, result.message) if result.outcome is Outcome.MUTATED_INPUT \
+        else result.message or None
     if result.note:
         record["isolation_note"] = result.note
 
     if not result.ok:
-        judgement = judge({}, options.policy, kernel_error=f"{result.outcome.value}: {result.message}")
+        judgement = judge({}, options.policy, kernel_error=f"{result.outcome.value}: {record['error']}")
         timings["t_case"] = time.perf_counter() - began
         _finish(record, judgement, cause=result.outcome.value, timings=timings)
         if store is not None:

@@ -160,7 +160,7 @@ def test_nondeterminism_needs_the_determinism_check():
 def test_mutated_input_names_the_input():
     spec = next(k for k in BROKEN if k.outcome is Outcome.MUTATED_INPUT).spec
     record = run_case(spec, problem(), OPTIONS)
-    assert "input #1" in record["error"]  # b, the second argument
+    assert "input 'b'" in record["error"] and "#" not in record["error"]  # the second argument, named (s. 28)
 
 
 def test_a_run_goes_on_past_every_broken_kernel(tmp_path):
@@ -278,3 +278,22 @@ def test_a_signature_that_cannot_take_the_call_is_said_so_not_placed_in_the_harn
     record = run_case(user_kernel_spec(raises_its_own_type_error, family="linear_scan"), p, options)
     assert record["cause"] == "raised" and "raised by the call itself" not in record["error"]
     assert f"(at {__file__}:" in record["error"], record["error"]
+
+
+def gla_cumsum_into_g(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    """Right values, but ``g.to(torch.float32)`` is ``g`` itself in float32, and its in-place cumsum writes it."""
+    out = get("intree.sequential_gla").callable()(q, k, v, g, scale=scale, initial_state=initial_state,
+                                                   output_final_state=output_final_state)
+    g.to(torch.float32).cumsum_(1)
+    return out
+
+
+@pytest.mark.parametrize("options", [OPTIONS, IN_PROCESS], ids=["process", "in-process"])
+def test_a_written_positional_input_is_named_as_the_family_calls_it(options):
+    """"input #3 (shape (1, 2, 1)) was written to": the reader had to count the call's arguments to find ``g``
+    (a blind hunt, session 28)."""
+    p = Problem(family="gla", length=5, dtype="float32", batch=1, heads=2, dk=4, dv=4, seed=1)
+    record = run_case(user_kernel_spec(gla_cumsum_into_g, family="gla"), p, options)
+    assert record["cause"] == "mutated_input", record["why"]
+    assert record["error"].startswith("input 'g' (shape (1, 5, 2, 4)) was written to"), record["error"]
+    assert "input 'g'" in record["why"]

@@ -370,8 +370,8 @@ def test_a_kernel_waiting_for_a_busy_cpu_is_given_that_time_back_not_a_timeout()
 
 
 @pytest.mark.parametrize("name, says, which", [
-    ("writes_on_its_second_call", "on the second call (determinism check)", "input #0"),
-    ("zeroes_b_in_training", "in the forward and backward with inputs requiring grad", "input #1"),
+    ("writes_on_its_second_call", "on the second call (determinism check)", "input 'a'"),
+    ("zeroes_b_in_training", "in the forward and backward with inputs requiring grad", "input 'b'"),
 ])
 def test_a_write_into_an_input_on_any_call_is_mutated_input(name, says, which):
     """Only the first call's inputs were compared: a kernel that wiped ``b`` whenever it required grad (every
