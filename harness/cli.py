@@ -543,7 +543,7 @@ def cmd_report(args) -> int:
     if not records:
         raise InvalidArgument(f"run_dir={args.run_dir!r} holds no records (records*.jsonl)")
     if args.out is not None:
-        refuse_foreign_files("--out", _directory("--out", Path(args.out)))
+        refuse_foreign_files("--out", args.out)
     paths = build_report(args.run_dir, args.out)
     print(terminal_text(summary_markdown(records, load_header(args.run_dir))))
     print(f"\nreport: {getattr(paths, 'index', paths)}")
