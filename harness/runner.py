@@ -746,7 +746,7 @@ def factors_to_try(problem: Problem, actual: torch.Tensor, exact: torch.Tensor, 
     # both scaled by one power of two first: the squares of float64 values near 1e-229 (the tiny regime) are 0, and
     # a kernel off by exactly dk/dv there was left a kernel_bug, not named a constant factor (a blind hunt, s. 28)
     peak = float(o[both].abs().max()) if bool(both.any()) else 0.0
-    scale = 2.0 ** -math.frexp(peak)[1] if peak > 0 else 1.0
+    scale = 2.0 ** min(1000, -math.frexp(peak)[1]) if peak > 0 else 1.0  # 2**1074 (a subnormal peak) overflows
     xs, os_ = x[both] * scale, o[both] * scale
     oo = float((os_ * os_).sum())
     if not (math.isfinite(oo) and oo > 0):

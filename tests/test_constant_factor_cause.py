@@ -354,3 +354,14 @@ def test_a_constant_factor_is_named_at_the_tiny_regime_s_magnitudes():
     record = run_case(user_kernel_spec(gla_scale_by_dv, family="gla"), p)
     assert record["verdict"] == "divergent" and record["cause"] == "constant_factor", record["why"]
     assert "(dk / dv)**0.5" in record["why"] and "float16" not in record["why"], record["why"]
+
+
+@pytest.mark.parametrize("magnitude", [1e-229, 1e-310, 1e300])
+def test_the_least_squares_factor_holds_at_every_float64_magnitude(magnitude):
+    """Squares of 1e-229 are 0 and of 1e300 are inf; the values are scaled by a power of two first (whose
+    exponent is capped: 2**1074, for a subnormal peak, overflows a Python float)."""
+    from harness.runner import factors_to_try
+
+    p = Problem(family="retention", length=4, dtype="float64", batch=1, heads=1, dk=4, dv=4, seed=1)
+    exact = torch.linspace(0.5, 1.0, 16, dtype=torch.float64).reshape(1, 1, 4, 4) * magnitude
+    assert factors_to_try(p, exact * 2, exact, "float64")[0] == (2.0, "2 = dk**0.5: the scale dk**-0.5 left out")
