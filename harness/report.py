@@ -69,6 +69,9 @@ MAX_MARKDOWN_FAILURES = 50
 REPORT_FILES: tuple[str, ...] = ("index.md", "summary.csv", "cells.csv", "growth.csv", "failures.csv",
                                  "report.json")
 
+#: The figures the report writes (`harness.plots`): the summary plots and the failing cases along the sequence.
+FIGURE_GLOBS: tuple[str, ...] = ("plot_*.png", "case_*.png")
+
 #: Header fields shown in index.md, in order.
 HEADER_FIELDS: tuple[str, ...] = ("harness_version", "harness_commit", "torch", "python", "device", "cuda",
                                   "git_commit", "profile", "platform", "command", "started")
@@ -784,7 +787,7 @@ def foreign_report_files(out_dir: str | os.PathLike) -> list[str]:
             or any(out.glob(RECORDS_GLOB)):
         return []
     return [name for name in REPORT_FILES if (out / name).exists()] \
-        + sorted(p.name for pattern in ("plot_*.png", "case_*.png") for p in out.glob(pattern))
+        + sorted(p.name for pattern in FIGURE_GLOBS for p in out.glob(pattern))
 
 
 def refuse_foreign_files(flag: str, out_dir: str | os.PathLike) -> None:
@@ -804,6 +807,6 @@ def clear_report(out_dir: str | os.PathLike) -> None:
     out = Path(out_dir)
     for name in REPORT_FILES:
         (out / name).unlink(missing_ok=True)
-    for pattern in ("plot_*.png", "case_*.png"):
+    for pattern in FIGURE_GLOBS:
         for p in out.glob(pattern):
             p.unlink(missing_ok=True)
