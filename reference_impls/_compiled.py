@@ -65,9 +65,9 @@ variable ``SEQKERNEL_ORACLE_JIT=0`` before import turns the compiled path off (`
 
 Threads. The fused kernels (the oracles' block kernels and the three traces) run their independent
 rows (batch x channels, batch x heads) with ``numba.prange`` on `thread_budget` threads: the cores this
-process may use, or ``$SEQKERNEL_ORACLE_THREADS`` (each pytest-xdist worker gets its share of the
-cores). Every row's operations and their order are the serial kernel's, so every thread count gives the
-same bits (``tests/test_oracle_compiled.py``). numba's workqueue layer is used (its workers sleep
+process may use, or its share of them in a harness run (`harness.threads`), or ``$SEQKERNEL_ORACLE_THREADS``
+when the user sets it. Every row's operations and their order are the serial kernel's, so every thread count
+gives the same bits (``tests/test_oracle_compiled.py``). numba's workqueue layer is used (its workers sleep
 instead of spinning at each block's barrier, which collapsed under load), and launches are serialized
 across the process's threads, which that layer requires. `recur` and `recur_peak` stay serial: their
 loop is over steps, with rows inside.
@@ -85,6 +85,9 @@ import threading
 
 import numpy as np
 import torch
+
+# what `thread_budget` is made of, kept where `harness.threads` sets it without importing numba
+from reference_impls._threads import THREADS_ENV, available_cores, process_threads  # noqa: F401 - re-exported
 
 try:  # an optional dependency: without it every loop runs in torch
     import numba
@@ -140,26 +143,18 @@ def usable(*tensors: torch.Tensor | None) -> bool:
     )
 
 
-#: Environment variable: how many threads the fused kernels may use (default: the cores this process
-#: may run on). A pytest-xdist worker gets its share of the cores (``harness.pytest_plugin``).
-THREADS_ENV = "SEQKERNEL_ORACLE_THREADS"
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def thread_budget() -> int:
-    """Threads for the fused kernels: ``$SEQKERNEL_ORACLE_THREADS`` or `available_cores`, at most numba's
-    pool. A value that is not a positive whole number is an error naming it."""
+    """Threads for the fused kernels: ``$SEQKERNEL_ORACLE_THREADS``, else the count this process was given
+    (`reference_impls._threads.process_threads`: its share of the cores in a harness run, else
+    `available_cores`), at most numba's pool. A value that is not a positive whole number is an error naming
+    it."""
     text = os.environ.get(THREADS_ENV, "").strip()
     if text:
         if not text.isdigit() or int(text) < 1:
             raise ValueError(f"{THREADS_ENV}={text!r}: expected a whole number of threads >= 1")
         wanted = int(text)
     else:
-        wanted = available_cores()
+        wanted = process_threads()
     return max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
 
 

@@ -9,7 +9,9 @@ long-lived worker process of its own kernel (`Worker`), which the harness replac
   pools, a CUDA context) is inherited by it;
 - the worker loads the kernel itself, by reference (`KernelRef`): a registered name, a user target
   (``path.py:fn`` / ``module:attr``) or a picklable module-level callable. ``TRITON_INTERPRET`` is set in
-  the worker (`harness.kernels.triton_interpreter.interpret_if_no_gpu`) before it loads anything;
+  the worker (`harness.kernels.triton_interpreter.interpret_if_no_gpu`) before it loads anything, and its
+  torch threads to its share of the cores (`harness.threads`: torch's default, every core in the harness
+  and in its worker both, spin-waited for descheduled siblings on a busy machine);
 - tensors go both ways through one shared-memory arena per worker (`Arena`: a byte buffer both
   processes map, handed to the worker once through torch's multiprocessing reductions): the harness
   copies the inputs in (strides kept) and sends only their offsets, shapes and dtypes down the pipe;
@@ -462,7 +464,7 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the worker process
+def _worker_main(conn, ref: KernelRef, log_path: str, threads: int) -> None:  # runs in the worker process
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -481,6 +483,9 @@ def _worker_main(conn, ref: KernelRef, log_path: str) -> None:  # runs in the wo
     interpret_if_no_gpu()  # before the kernel's package can import triton
     import torch
 
+    from harness.threads import use_threads
+
+    use_threads(threads)  # its share of the cores (`harness.threads`), before the kernel's module sets its own
     try:
         fn = ref.load()
     except BaseException as exc:  # noqa: BLE001 - said to the parent, which records it
@@ -671,12 +676,14 @@ class Worker:
     """One worker process running one kernel, reused call after call until it crashes or hangs."""
 
     def __init__(self, ref: KernelRef):
+        from harness.threads import worker_thread_count
+
         self.ref = ref
         ctx = _context()
         fd, self.log_path = tempfile.mkstemp(prefix="harness-worker-", suffix=".log")
         os.close(fd)
         self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main, args=(child, ref, self.log_path),
+        self.process = ctx.Process(target=_worker_main, args=(child, ref, self.log_path, worker_thread_count()),
                                    name=f"harness-kernel-{ref.kind}", daemon=False)
         with _without_main():
             self.process.start()
