@@ -38,9 +38,20 @@ Other differences (torch, harness version, GPU model) are listed as notes and co
 Besides metric growth, the gate fails when a cell's worst verdict gets worse (`verdict_change`: by
 `harness.records.SEVERITY`, equivalent -> anything else, out_of_domain -> divergent or kernel_error; and
 a change between the two failing verdicts, divergent <-> kernel_error, either way). A new value that is
-NaN or Inf where the baseline's was finite counts as growth past any factor. Cells only in one run are
-reported (``missing`` / ``added``) and fail only with ``fail_on_missing=True``, or, a new cell, where it fails
-(divergent, kernel_error) in a kernel and dtype whose baseline cells all pass (`new_failures`); two runs with no
+NaN or Inf where the baseline's was finite counts as growth past any factor. A new cell (only in the run) is
+listed, and fails only where it fails (divergent, kernel_error) in a kernel and dtype whose baseline cells all
+pass (`new_failures`).
+
+A run that checked less than the baseline fails (`coverage_shortfalls`, listed first), unless
+``allow_missing`` (``--allow-missing``) accepts it, which still prints each as a warning: a smaller hypothesis
+profile (dev < ci < nightly, the headers' ``profile``), a kernel, a kernel's dtype or its gradients (records
+``mode: grad``, kernel ``NAME:grad[INPUT]``) the baseline checked and the run did not (``--no-grad``,
+``--dtypes``), fewer cases in a (kernel, dtype) search (``--max-examples``), and baseline cells not in the run
+(``--max-length``, a sweep that lost cases). Two exceptions, where a missing cell says nothing about what was
+checked: cells of a (kernel, dtype) search that failed on either side (the search stopped at the failure and
+shrank it, so its cells follow the failure; the failure itself is what the gate judges), and cells where either
+run draws anew each time (a randomized profile: ``nightly``, ``dev``), which are listed with a note. A run that
+checked more is fine: its new cells are listed. Two runs with no
 cell in common fail (nothing was compared: most likely the wrong baseline), and so does a term whose
 metric no measured record of the compared cells holds as a number on one side (`unmeasured_terms`: a
 damaged or foreign baseline would otherwise turn the term off without a word). A partial run (header
@@ -62,7 +73,7 @@ import pandas as pd
 
 from harness.errors import InvalidArgument
 from harness.options import DEFAULT_FAIL_ON
-from harness.records import SCHEMA_VERSION, device_family, is_failing, newer_schema, schema_version
+from harness.records import SCHEMA_VERSION, device_family, is_failing, kernel_of, newer_schema, schema_version
 from harness.report import CELL_KEYS, cell_key, cell_table, format_value, severity
 
 #: Short names of the fail-on language -> record fields.
@@ -106,11 +117,12 @@ class FailOn:
 class GateResult:
     """What `gate` decided: ``passed``, one message per failure, and the cell-by-cell diff table.
 
-    ``failures`` come in the diff's order (worse verdicts, then grown metrics, worst first), then
-    ``run_failures``, those about the runs as a whole (no cell in common, missing cells with
-    ``fail_on_missing``, a term no record can be checked on, a partial run); ``better`` lists cells whose
-    verdict improved, ``unchanged`` counts the cells compared that did not change; ``warnings`` say what
-    makes the comparison weaker without failing it (a partial baseline).
+    ``failures`` open with what the run checked less than the baseline (``shortfalls``, unless
+    ``allowed_less``), then come in the diff's order (worse verdicts, then grown metrics, worst first), then
+    ``run_failures``, those about the runs as a whole (no cell in common, a term no record can be checked on,
+    a partial run); ``better`` lists cells whose verdict improved, ``unchanged`` counts the cells compared that
+    did not change; ``warnings`` say what makes the comparison weaker without failing it (a partial baseline,
+    shortfalls accepted by ``allow_missing``).
     """
 
     passed: bool
@@ -124,6 +136,8 @@ class GateResult:
     notes: list[str] = field(default_factory=list)  # header differences compared anyway (`comparability`)
     run_failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    shortfalls: list["Shortfall"] = field(default_factory=list)  # what the run checked less (`coverage_shortfalls`)
+    allowed_less: bool = False  # the shortfalls were accepted (``allow_missing``): warnings, not failures
 
     def __bool__(self) -> bool:
         return self.passed
@@ -133,7 +147,8 @@ class GateResult:
         terms = ", ".join(t.term for t in self.terms) or "verdicts only"
         head = f"**Gate {'passed' if self.passed else 'FAILED'}** (fail on: {terms}; {len(self.failures)} failures)"
         notes = "".join(f"\n- note: {n}" for n in self.notes)
-        return (head + _warning_lines(self.warnings) + notes + "\n\n"
+        less = "" if self.allowed_less else _shortfall_section(self.shortfalls, max_lines)
+        return (head + less + _warning_lines(self.warnings) + notes + "\n\n"
                 + changes_markdown(self.table, self.terms, max_lines=max_lines, extra_failures=self.run_failures))
 
 
@@ -481,6 +496,227 @@ def partial_warnings(base_header: Mapping[str, Any], new_header: Mapping[str, An
             for side, header in (("baseline", base_header), ("run", new_header)) if header.get("partial")}
 
 
+# ------------------------------------------------------------------------------------------ coverage
+#: The kinds of `Shortfall`, in the order the gate lists them: the widest first.
+SHORTFALL_KINDS: tuple[str, ...] = ("profile", "kernel", "gradients", "dtype", "examples", "cells")
+
+#: How `allow_missing` is spelt on the command line (the warnings name it).
+ALLOW_MISSING_FLAG = "--allow-missing"
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One thing the baseline checked that the run did not (`coverage_shortfalls`).
+
+    ``kind`` is one of `SHORTFALL_KINDS`; ``kernel`` the kernel it is about (None: the run as a whole);
+    ``dtypes`` the dtypes it is about (empty: all, or none in particular); ``cells`` how many of the
+    baseline's cells go unchecked with it (0 where the cells are counted by another shortfall: fewer examples
+    in a search, a smaller profile); ``message`` says it in one line."""
+
+    kind: str
+    kernel: str | None
+    dtypes: tuple[str, ...]
+    cells: int
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class _Search:
+    """What a run holds of one (kernel, family, dtype): the unit a check searches (`harness check` runs one
+    hypothesis search per kernel and dtype; its gradients are taken inside it)."""
+
+    forward: int = 0  # forward cases (records that are not a gradient's)
+    cells: set[tuple[str, ...]] = field(default_factory=set)
+    gradient_cells: set[tuple[str, ...]] = field(default_factory=set)
+    failing: bool = False  # a divergent or kernel_error record: the search stopped there and shrank it
+
+
+def _searches(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], _Search]:
+    """The records of a run by (kernel, family, dtype), a gradient's under its kernel (`kernel_of`)."""
+    out: dict[tuple[str, str, str], _Search] = {}
+    for record in records:
+        search = out.setdefault((kernel_of(record), str(record.get("family")), str(record.get("dtype"))), _Search())
+        cell = cell_key(record)
+        search.cells.add(cell)
+        if record.get("mode") == "grad":
+            search.gradient_cells.add(cell)
+        else:
+            search.forward += 1
+        search.failing = search.failing or is_failing(record.get("verdict"))
+    return out
+
+
+def _hypothesis_profile(profile: Any) -> str | None:
+    """The hypothesis profile (`harness.settings.PROFILES`) a run header's ``profile`` names (``ci``, or
+    ``pytest:ci`` for a pytest session's), None for a sweep's (``sweep:NAME``: a fixed grid) or none."""
+    from harness.settings import PROFILES
+
+    if not isinstance(profile, str):
+        return None
+    name = profile.split(":", 1)[1] if profile.startswith("pytest:") else profile
+    return name if name in PROFILES else None
+
+
+def _searched(header: Mapping[str, Any]) -> bool:
+    """Whether a run's cases were drawn by searches that stop at a failure (a check, a pytest session, records
+    without a header), not a sweep's fixed grid (``profile: sweep:NAME``), which runs every case whatever
+    it finds."""
+    return not str(header.get("profile") or "").startswith("sweep:")
+
+
+#: The hypothesis profiles whose searches draw the same cases every run: `harness.settings.register_profiles`
+#: derandomizes ``ci`` alone (``dev`` and ``nightly`` draw anew; docs/ci-workflow.md). Read from this list, not
+#: from hypothesis's registry: a profile registered without ``derandomize`` inherits it from whichever profile
+#: is loaded at the time.
+REPEATING_PROFILES: frozenset[str] = frozenset({"ci"})
+
+
+def _draws_anew(profile: Any) -> bool:
+    """Whether a run of ``profile`` draws other cases every time (a hypothesis profile not in
+    `REPEATING_PROFILES`), so that the cells of two runs differ by chance."""
+    name = _hypothesis_profile(profile)
+    return name is not None and name not in REPEATING_PROFILES
+
+
+def _counted(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _profile_shortfall(base_header: Mapping[str, Any],
+                       new_header: Mapping[str, Any]) -> tuple[list[Shortfall], list[str]]:
+    """A run searched at a smaller hypothesis profile than the baseline (dev < ci < nightly: fewer examples,
+    shorter lengths); a note where the two headers name other, unranked profiles (sweeps)."""
+    from harness.settings import LIMITS, PROFILES
+
+    base, new = base_header.get("profile"), new_header.get("profile")
+    base_name, new_name = _hypothesis_profile(base), _hypothesis_profile(new)
+    if base_name and new_name and PROFILES.index(new_name) < PROFILES.index(base_name):
+        lb, ln = LIMITS[base_name], LIMITS[new_name]
+        return [Shortfall("profile", None, (), 0,
+                          f"profile: the baseline searched at {base}, this run at {new} (the profiles' defaults: "
+                          f"{lb.max_examples} -> {ln.max_examples} examples per search, lengths up to "
+                          f"{lb.max_length} -> {ln.max_length})")], []
+    if base and new and base != new and base_name != new_name:
+        return [], [f"profile differs: baseline {base!r}, run {new!r} (compared cell by cell)"]
+    return [], []
+
+
+def coverage_shortfalls(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[Mapping[str, Any]],
+                        base_header: Mapping[str, Any] | None = None,
+                        new_header: Mapping[str, Any] | None = None) -> tuple[list[Shortfall], list[str]]:
+    """(what the run checked less than the baseline, in `SHORTFALL_KINDS` order; notes on what was not held
+    against it). The headers (run.json) give the profiles; without them only the records are compared.
+
+    - ``profile``: a smaller hypothesis profile than the baseline's (`_profile_shortfall`);
+    - ``kernel``: a kernel (and family) of the baseline with no record in the run;
+    - ``gradients``: a kernel and dtype with gradient records in the baseline and none in the run (``--no-grad``),
+      one line for the run as a whole when it took no gradient at all; not where the run's search failed
+      (a gradient is taken only on an equivalent forward);
+    - ``dtype``: a dtype of a kernel in both runs that the run did not check, one line per dtype the run did not
+      check at all;
+    - ``examples``: fewer forward cases in a (kernel, dtype) than the baseline's (``--max-examples``);
+    - ``cells``: the baseline's other cells not in the run (``--max-length``, a sweep that lost cases).
+
+    Examples and cells are not compared in a (kernel, dtype) whose search failed on either side (a search
+    stops at its failure and shrinks it: its cases follow the failure, which the gate judges on its own; a
+    sweep's grid runs every case whatever it finds, `_searched`); cells not at all where either run draws anew
+    (`_draws_anew`): those are a note.
+    """
+    base_header, new_header = base_header or {}, new_header or {}
+    base, new = _searches(base_records), _searches(new_records)
+    shortfalls, notes = _profile_shortfall(base_header, new_header)
+    kernels_run = {(kernel, family) for kernel, family, _ in new}
+    dtypes_run = {dtype for _, _, dtype in new}
+    for dtype in sorted({dtype for _, _, dtype in base} - dtypes_run):  # the run as a whole: one line
+        of = {k: s for (k, f, d), s in base.items() if d == dtype and (k, f) in kernels_run}
+        if of:
+            cells = sum(len(s.cells) for s in of.values())
+            shortfalls.append(Shortfall("dtype", None, (dtype,), cells,
+                                        f"dtype {dtype}: checked in the baseline ({_counted(cells, 'cell')} of "
+                                        f"{_counted(len(of), 'kernel')}), not in this run"))
+    by_kernel: dict[tuple[str, str], dict[str, _Search]] = {}
+    for (kernel, family, dtype), search in sorted(base.items()):
+        by_kernel.setdefault((kernel, family), {})[dtype] = search
+
+    for (kernel, family), searches in by_kernel.items():
+        cells = sum(len(s.cells) for s in searches.values())
+        if (kernel, family) not in kernels_run:
+            grads = " and gradients" if any(s.gradient_cells for s in searches.values()) else ""
+            shortfalls.append(Shortfall("kernel", kernel, tuple(searches), cells,
+                                        f"kernel {kernel} ({family}): checked in the baseline "
+                                        f"({_counted(cells, 'cell')}, {', '.join(searches)}{grads}), not in this run"))
+            continue
+        gone = {dtype: s for dtype, s in searches.items() if (kernel, family, dtype) not in new and dtype in dtypes_run}
+        if gone:
+            cells = sum(len(s.cells) for s in gone.values())
+            shortfalls.append(Shortfall("dtype", kernel, tuple(gone), cells,
+                                        f"dtype{'s' if len(gone) > 1 else ''} {', '.join(gone)} missing for kernel "
+                                        f"{kernel}: checked in the baseline ({_counted(cells, 'cell')}), not in this "
+                                        "run"))
+
+    skipped = {key: s for key, s in base.items()
+               if s.gradient_cells and key in new and not new[key].gradient_cells and not new[key].failing}
+    by_skipped_kernel: dict[str | None, list[tuple[str, str, str]]] = {}
+    took_none = not any(s.gradient_cells for s in new.values())  # the run as a whole: one line
+    for key in sorted(skipped):
+        by_skipped_kernel.setdefault(None if took_none else key[0], []).append(key)
+    for kernel, keys in by_skipped_kernel.items():
+        cells = sum(len(skipped[key].gradient_cells) for key in keys)
+        dtypes = tuple(sorted({dtype for _, _, dtype in keys}))
+        where = f"{', '.join(sorted({k for k, _, _ in keys}))} in {', '.join(dtypes)}"
+        shortfalls.append(Shortfall("gradients", kernel, dtypes, cells,
+                                    f"gradients{'' if kernel is None else f' of kernel {kernel}'}: checked in the "
+                                    f"baseline, skipped in this run ({_counted(cells, 'cell')}: {where})"))
+
+    stopped = {key for key, s in base.items() if s.failing and _searched(base_header)} | \
+        {key for key, s in new.items() if s.failing and _searched(new_header)}
+    both = [(key, s, new[key]) for key, s in sorted(base.items()) if key in new and key not in stopped]
+    for (kernel, _, dtype), b, n in both:
+        if n.forward < b.forward:
+            shortfalls.append(Shortfall("examples", kernel, (dtype,), 0,
+                                        f"examples: kernel {kernel} {dtype}: {_counted(n.forward, 'case')} in this "
+                                        f"run, {b.forward} in the baseline"))
+    unchecked = {key: len(b.cells - n.cells - (b.gradient_cells if key in skipped else set()))
+                 for key, b, n in both}
+    unchecked = {key: count for key, count in unchecked.items() if count}
+    anew = [f"the {side}'s profile {header.get('profile')} draws anew each run"
+            for side, header in (("baseline", base_header), ("run", new_header)) if _draws_anew(header.get("profile"))]
+    if unchecked and anew:
+        notes.append(f"{_counted(sum(unchecked.values()), 'cell')} of the baseline not drawn in this run "
+                     f"({' and '.join(anew)}): listed as missing, not failed; kernels, dtypes, gradients and "
+                     "examples were compared")
+    elif unchecked:
+        for (kernel, _, dtype), count in unchecked.items():
+            shortfalls.append(Shortfall("cells", kernel, (dtype,), count,
+                                        f"cells: kernel {kernel} {dtype}: {_counted(count, 'cell')} of the baseline "
+                                        "not in this run (listed under Missing cells)"))
+    shortfalls.sort(key=lambda item: SHORTFALL_KINDS.index(item.kind))  # stable: each kind in its own order
+    return shortfalls, notes
+
+
+def _shortfall_section(shortfalls: Sequence[Shortfall], max_lines: int) -> str:
+    """The gate's first section when the run checked less than the baseline: one line per `Shortfall`."""
+    if not shortfalls:
+        return ""
+    lines = [f"- {item.message}" for item in shortfalls[:max_lines]]
+    if len(shortfalls) > max_lines:
+        lines.append(f"- ... {len(shortfalls) - max_lines} more")
+    return (f"\n\n**This run checked less than the baseline** ({len(shortfalls)}; {ALLOW_MISSING_FLAG} accepts it)"
+            "\n\n" + "\n".join(lines))
+
+
+def _allows_less(allow_missing: bool, fail_on_missing: bool | None) -> bool:
+    """Whether shortfalls are accepted: ``allow_missing``, or ``fail_on_missing=False``, the older spelling
+    (failing is the default; ``fail_on_missing=True`` says so)."""
+    if allow_missing and fail_on_missing:
+        raise InvalidArgument("allow_missing=True with fail_on_missing=True: the first accepts a run that checked "
+                              "less than the baseline, the second fails it; expected at most one of them")
+    return bool(allow_missing) or fail_on_missing is False
+
+
 # ------------------------------------------------------------------------------------------ the gate
 def _key_field(column: str) -> str:
     """The record field behind a `CELL_KEYS` column (the length bucket is made of ``length``)."""
@@ -514,9 +750,14 @@ def _unmatched_why(base_records: Sequence[Mapping[str, Any]], new_records: Seque
 
 
 def gate_records(base_records: Sequence[Mapping[str, Any]], new_records: Sequence[Mapping[str, Any]],
-                 fail_on: str | Sequence[FailOn] | None = DEFAULT_FAIL_ON, *,
-                 fail_on_missing: bool = False) -> GateResult:
-    """`gate` on records already in memory."""
+                 fail_on: str | Sequence[FailOn] | None = DEFAULT_FAIL_ON, *, allow_missing: bool = False,
+                 fail_on_missing: bool | None = None, base_header: Mapping[str, Any] | None = None,
+                 new_header: Mapping[str, Any] | None = None) -> GateResult:
+    """`gate` on records already in memory; the headers (run.json), where given, add the profiles to what is
+    compared (`coverage_shortfalls`). ``allow_missing`` accepts a run that checked less than the baseline,
+    with a warning per shortfall; ``fail_on_missing`` is its older spelling (False accepts it, True is the
+    default)."""
+    allowed = _allows_less(allow_missing, fail_on_missing)
     terms = _terms(fail_on)
     table = diff_runs(base_records, new_records, terms)
     failures: list[str] = []
@@ -527,16 +768,25 @@ def gate_records(base_records: Sequence[Mapping[str, Any]], new_records: Sequenc
         elif row["change"] in lists:
             lists[row["change"]] += _change_lines(row)
     failures += new_failures(table)
-    run_failures = [f"missing cell {m}" for m in lists["missing"]] if fail_on_missing else []
-    if len(table) and not (table["status"] == "both").any():
+    compared = bool(len(table)) and bool((table["status"] == "both").any())
+    # with no cell in common, that one failure says it all (most likely the wrong baseline)
+    shortfalls, notes = coverage_shortfalls(base_records, new_records, base_header, new_header) if compared \
+        else ([], [])
+    less = [] if allowed else [item.message for item in shortfalls]
+    warnings = [f"checked less than the baseline, accepted ({ALLOW_MISSING_FLAG}): {item.message}"
+                for item in shortfalls] if allowed else []
+    run_failures: list[str] = []
+    if len(table) and not compared:
         run_failures.append(f"no cell of this run matches the baseline ({len(lists['missing'])} baseline cells, "
                             f"{len(lists['added'])} new cells): nothing was compared; "
                             f"{_unmatched_why(base_records, new_records)}")
     run_failures += unmeasured_terms(table, base_records, new_records, terms)
     unchanged = int((table["change"] == "unchanged").sum()) if len(table) else 0
-    return GateResult(passed=not failures + run_failures, failures=failures + run_failures, table=table,
-                      missing=lists["missing"], added=lists["added"], terms=terms, better=lists["better"],
-                      unchanged=unchanged, run_failures=run_failures)
+    failures = less + failures + run_failures
+    return GateResult(passed=not failures, failures=failures, table=table, missing=lists["missing"],
+                      added=lists["added"], terms=terms, better=lists["better"], unchanged=unchanged,
+                      notes=notes, run_failures=run_failures, warnings=warnings, shortfalls=shortfalls,
+                      allowed_less=allowed)
 
 
 def new_failures(table: pd.DataFrame) -> list[str]:
@@ -680,12 +930,16 @@ def judged_differently(base_header: Mapping[str, Any], new_header: Mapping[str, 
 
 
 def gate(baseline_dir: str | os.PathLike, new_dir: str | os.PathLike, fail_on: str | None = DEFAULT_FAIL_ON, *,
-         fail_on_missing: bool = False, allow_mismatch: bool = False) -> GateResult:
+         allow_missing: bool = False, fail_on_missing: bool | None = None,
+         allow_mismatch: bool = False) -> GateResult:
     """Compare the run in ``new_dir`` with the baseline in ``baseline_dir`` (see the module docstring).
 
+    A run that checked less than the baseline fails unless ``allow_missing`` (then each shortfall is a
+    warning); ``fail_on_missing`` is its older spelling (False accepts it, True is the default).
     Raises `IncomparableRuns` when the headers make the comparison meaningless, unless ``allow_mismatch``
     (then the reasons are kept as notes of the result).
     """
+    _allows_less(allow_missing, fail_on_missing)  # a contradiction is a usage error before anything is read
     from harness.store import load_header, load_records
 
     base_path, new_path = Path(baseline_dir), Path(new_dir)
@@ -711,10 +965,11 @@ def gate(baseline_dir: str | os.PathLike, new_dir: str | os.PathLike, fail_on: s
     if refuse and not allow_mismatch:
         raise IncomparableRuns(f"the gate refuses to compare {str(new_dir)!r} with the baseline {str(baseline_dir)!r}: "
                                + "; ".join(refuse) + ". Pass --allow-mismatch (allow_mismatch=True) to compare anyway")
-    result = gate_records(base_records, new_records, fail_on, fail_on_missing=fail_on_missing)
-    result.notes = [f"compared although {r} (--allow-mismatch)" for r in refuse] + notes
+    result = gate_records(base_records, new_records, fail_on, allow_missing=allow_missing,
+                          fail_on_missing=fail_on_missing, base_header=base_header, new_header=new_header)
+    result.notes = [f"compared although {r} (--allow-mismatch)" for r in refuse] + notes + result.notes
     partial = partial_warnings(base_header, new_header)
-    result.warnings = [partial["baseline"]] if "baseline" in partial else []
+    result.warnings = ([partial["baseline"]] if "baseline" in partial else []) + result.warnings
     if "run" in partial:
         result.run_failures.append(partial["run"])
         result.failures.append(partial["run"])

@@ -55,6 +55,12 @@ def is_failing(verdict: Any) -> bool:
     return str(getattr(verdict, "value", verdict)) in FAILING_VERDICTS
 
 
+def kernel_of(record: Mapping[str, Any]) -> str:
+    """The kernel a record ran: ``NAME`` of a gradient record's ``NAME:grad[INPUT]`` (`harness.gradients`)."""
+    kernel = str(record["kernel"])
+    return kernel.rsplit(":grad[", 1)[0] if record.get("mode") == "grad" else kernel
+
+
 def schema_version(data: Mapping[str, Any]) -> int:
     """The schema version of a record or a run header: 1 when the field is missing (written before it)."""
     value = data.get("schema_version", 1)

@@ -171,17 +171,24 @@ def test_a_cell_that_now_raises_is_not_measured_not_non_finite():
     assert "cond_max grew 0.2 -> nan (to a non-finite value;" in nan.failures[0]  # measured as NaN
 
 
-def test_missing_cells_are_reported_and_fail_only_when_asked(tmp_path):
+def test_missing_cells_are_reported_and_fail_unless_allowed(tmp_path):
     base = write_run(tmp_path / "base", baseline_records())
     fewer = [r for r in baseline_records() if r["kernel"] != "sequential"] + [make_record("new_kernel")]
     new = write_run(tmp_path / "new", fewer)
     result = gate(base, new)
-    assert result.passed
+    assert not result.passed
+    assert [(s.kind, s.kernel, s.cells) for s in result.shortfalls] == [("kernel", "sequential", 6)]
+    assert result.failures == [result.shortfalls[0].message]
     assert len(result.missing) == 6 and all("kernel=sequential" in m for m in result.missing)
     assert result.added == ["kernel=new_kernel family=linear_scan dtype=float32 length=64-127 regime=trained: "
                             "new in this run (1 cases, equivalent)"]
-    strict = gate(base, new, fail_on_missing=True)
-    assert not strict.passed and len(strict.failures) == 6
+    assert not gate(base, new, fail_on_missing=True).passed  # the older flag says what is now the default
+    for allowed in (gate(base, new, allow_missing=True), gate(base, new, fail_on_missing=False)):
+        assert allowed.passed and allowed.failures == [] and allowed.allowed_less
+        assert len(allowed.warnings) == 1 and result.shortfalls[0].message in allowed.warnings[0]
+        assert f"- warning: {allowed.warnings[0]}" in allowed.summary_markdown().splitlines()
+    with pytest.raises(InvalidArgument, match="allow_missing=True with fail_on_missing=True"):
+        gate(base, new, allow_missing=True, fail_on_missing=True)
 
 
 def test_a_kernel_only_in_one_run_is_one_line_per_kernel(tmp_path, capsys):
@@ -196,7 +203,7 @@ def test_a_kernel_only_in_one_run_is_one_line_per_kernel(tmp_path, capsys):
     new_recs = [r for r in baseline_records() if r["kernel"] != "sequential"] + fresh + [
         make_record("blelloch", length=1024)]
     new = write_run(tmp_path / "new", new_recs)
-    result = gate(base, new)
+    result = gate(base, new, allow_missing=True)
     assert result.passed and len(result.added) == 7 and len(result.missing) == 6
     lines = result.summary_markdown().splitlines()
     assert lines[lines.index("**New cells (only in this run)** (7)") + 1:] == [
@@ -564,3 +571,163 @@ def test_a_failure_the_baseline_knows_may_move_to_another_cell():
     new = base + [make_record("blelloch", dtype="float16", length=2, verdict="divergent")]
     result = gate_records(base, new)
     assert result.passed and any("length=2-3" in line for line in result.added), (result.failures, result.added)
+
+
+# ---------------------------------------------------------------------- a run that checked less
+def gradient_record(kernel: str = "blelloch", grad_of: str = "a", **fields: Any) -> dict:
+    """A gradient's record: the forward case's fields, ``mode: grad``, kernel ``NAME:grad[INPUT]``."""
+    return make_record(f"{kernel}:grad[{grad_of}]", mode="grad", grad_of=grad_of, **fields)
+
+
+def with_gradients(records: list[dict]) -> list[dict]:
+    """``records`` and, for each, the gradients of both inputs (what `harness check` writes by default)."""
+    grads = [gradient_record(r["kernel"], name, dtype=r["dtype"], length=r["length"]) for r in records
+             for name in ("a", "b")]
+    return records + grads
+
+
+def kinds(result) -> list[tuple[str, str | None, tuple[str, ...]]]:
+    return [(s.kind, s.kernel, s.dtypes) for s in result.shortfalls]
+
+
+def test_a_run_without_the_baselines_gradients_fails_naming_them_first(tmp_path):
+    """`harness check --no-grad` against a baseline taken with gradients: the forward cells alone matched, the
+    gradients' were listed as missing and the gate passed."""
+    base = write_run(tmp_path / "base", with_gradients(baseline_records()))
+    new = write_run(tmp_path / "new", baseline_records())
+    result = gate(base, new)
+    assert not result.passed
+    assert kinds(result) == [("gradients", None, ("float16", "float32"))]  # the run as a whole: no gradient at all
+    assert result.shortfalls[0].cells == 24  # 2 inputs x 12 forward cells
+    assert result.failures[0] == result.shortfalls[0].message
+    lines = result.summary_markdown().splitlines()
+    said = lines.index(f"- {result.shortfalls[0].message}")
+    assert said < min(i for i, line in enumerate(lines) if "cells compared" in line)  # before the diff
+    assert gate(base, new, allow_missing=True).passed
+    # one kernel's gradients skipped, the other's taken: that kernel is named
+    one = with_gradients([r for r in baseline_records() if r["kernel"] == "blelloch"]) + \
+        [r for r in baseline_records() if r["kernel"] == "sequential"]
+    partly = gate(base, write_run(tmp_path / "partly", one))
+    assert not partly.passed and kinds(partly) == [("gradients", "sequential", ("float16", "float32"))]
+    assert partly.shortfalls[0].cells == 12
+
+
+def test_a_kernel_or_dtype_the_run_did_not_check_fails_naming_it():
+    fewer_dtypes = [r for r in baseline_records() if not (r["kernel"] == "sequential" and r["dtype"] == "float16")]
+    result = gate_records(baseline_records(), fewer_dtypes)
+    assert not result.passed
+    assert kinds(result) == [("dtype", "sequential", ("float16",))] and result.shortfalls[0].cells == 3
+    assert "float16" in result.failures[0] and "sequential" in result.failures[0]
+    no_float16 = gate_records(baseline_records(), [r for r in baseline_records() if r["dtype"] != "float16"])
+    assert kinds(no_float16) == [("dtype", None, ("float16",))]  # the run as a whole: one line
+    assert no_float16.shortfalls[0].cells == 6
+    no_kernel = gate_records(baseline_records(), [r for r in baseline_records() if r["kernel"] == "blelloch"])
+    assert kinds(no_kernel) == [("kernel", "sequential", ("float16", "float32"))]
+    assert no_kernel.shortfalls[0].cells == 6
+
+
+def test_fewer_examples_or_fewer_cells_fail():
+    """``--max-examples 3`` where the baseline ran 25: every cell may still be there, with fewer cases; and
+    ``--max-length``: the long cells are gone."""
+    base = baseline_records() + [dict(r, seed=1, case=r["case"] + "-1") for r in baseline_records()]
+    fewer = gate_records(base, baseline_records())
+    assert not fewer.passed
+    assert kinds(fewer) == [("examples", k, (d,)) for k in ("blelloch", "sequential") for d in ("float16", "float32")]
+    shorter = gate_records(baseline_records(), replace(baseline_records(), {"length": 256}, length=20))
+    assert not shorter.passed
+    assert kinds(shorter) == [("cells", k, (d,)) for k in ("blelloch", "sequential") for d in ("float16", "float32")]
+    assert sum(s.cells for s in shorter.shortfalls) == 4 == len(shorter.missing)
+
+
+@pytest.mark.parametrize("base_profile, run_profile, smaller", [
+    ("ci", "dev", True), ("nightly", "ci", True), ("pytest:ci", "dev", True),
+    ("ci", "ci", False), ("ci", "nightly", False), ("ci", "pytest:ci", False)])
+def test_a_run_at_a_smaller_profile_fails(tmp_path, base_profile, run_profile, smaller):
+    base = write_run(tmp_path / "base", baseline_records(), header=dict(HEADER, profile=base_profile))
+    new = write_run(tmp_path / "new", baseline_records(), header=dict(HEADER, profile=run_profile))
+    result = gate(base, new)
+    assert result.passed is not smaller
+    assert kinds(result) == ([("profile", None, ())] if smaller else [])
+    if smaller:
+        assert base_profile in result.failures[0] and run_profile in result.failures[0]
+
+
+def test_a_run_that_checked_more_passes_listing_what_it_added():
+    more = with_gradients(baseline_records()) + [make_record("blelloch", dtype="bfloat16"), make_record("fresh")]
+    result = gate_records(baseline_records(), more)
+    assert result.passed and result.shortfalls == [] and result.warnings == []
+    assert len(result.added) == 24 + 2
+    assert gate_records(baseline_records(), baseline_records()).passed
+
+
+@pytest.mark.parametrize("profile, fails", [("ci", True), ("nightly", False), ("dev", False)])
+def test_cells_a_randomized_profile_did_not_draw_are_a_note(tmp_path, profile, fails):
+    """``nightly`` draws anew each run: a cell the baseline drew and this run did not says nothing about what
+    was checked (the kernels, dtypes, gradients and examples are compared all the same). ``ci`` draws the
+    same cases every run: a missing cell is a shortfall."""
+    header = dict(HEADER, profile=profile)
+    base = write_run(tmp_path / "base", baseline_records(), header=header)
+    redrawn = replace(baseline_records(), {"length": 256}, length=1024)
+    result = gate(base, write_run(tmp_path / "new", redrawn, header=header))
+    assert result.passed is not fails and len(result.missing) == 4
+    assert [s.kind for s in result.shortfalls] == (["cells"] * 4 if fails else [])
+    assert fails or any("4 cells" in note for note in result.notes), result.notes
+    fewer = [r for r in baseline_records() if r["dtype"] == "float32"]  # a dtype is compared all the same
+    assert not gate(base, write_run(tmp_path / "fewer", fewer, header=header)).passed
+
+
+@pytest.mark.parametrize("profile, fails", [("ci", False), ("sweep:default", True)])
+def test_a_failing_search_may_leave_the_baselines_cells(tmp_path, profile, fails):
+    """A search stops at its first failure and shrinks it, so a kernel and dtype failing in the baseline and
+    the run may visit other cells each time: the failure is what the gate judges there, not the cells. A
+    sweep's grid runs every case whatever it finds: its cells are compared."""
+    header = dict(HEADER, profile=profile)
+    cell = {"kernel": "blelloch", "dtype": "float16", "length": 16}
+    base = write_run(tmp_path / "base", replace(baseline_records(), cell, verdict="divergent"), header=header)
+    moved = replace(baseline_records(), cell, verdict="divergent", length=2)
+    result = gate(base, write_run(tmp_path / "new", moved, header=header))
+    assert result.passed is not fails, result.failures
+    assert [(s.kind, s.kernel, s.dtypes) for s in result.shortfalls] == (
+        [("cells", "blelloch", ("float16",))] if fails else [])
+
+
+def test_the_gate_command_fails_a_run_that_checked_less_unless_allowed(tmp_path, capsys):
+    from harness.cli import EXIT_FAIL, EXIT_OK, main
+
+    base = write_run(tmp_path / "base", with_gradients(baseline_records()))
+    new = write_run(tmp_path / "new", baseline_records())
+    message = gate(base, new).shortfalls[0].message
+    assert main(["gate", str(new), "--baseline", str(base)]) == EXIT_FAIL
+    assert message in capsys.readouterr().out
+    assert main(["gate", str(new), "--baseline", str(base), "--fail-on-missing"]) == EXIT_FAIL
+    capsys.readouterr()
+    assert main(["gate", str(new), "--baseline", str(base), "--allow-missing"]) == EXIT_OK
+    warned = [line for line in capsys.readouterr().out.splitlines() if message in line]
+    assert warned and all("warning" in line for line in warned)
+    # the two flags contradict each other: a usage error, naming both
+    assert main(["gate", str(new), "--baseline", str(base), "--allow-missing", "--fail-on-missing"]) == 2
+    err = capsys.readouterr().err
+    assert "allow_missing" in err and "fail_on_missing" in err
+    assert main(["gate", str(base), "--baseline", str(new)]) == EXIT_OK  # more than the baseline: fine
+
+
+def test_a_no_grad_check_against_a_check_with_gradients_fails(tmp_path, capsys):
+    """The kernel author's route, for real: `harness check` with gradients made the baseline, the same check
+    with ``--no-grad`` is gated against it."""
+    from harness.cli import EXIT_FAIL, EXIT_OK, main
+    from tests.test_check_cli import write_kernels
+
+    kernel = write_kernels(tmp_path)
+    runs = {"grad": tmp_path / "grad", "nograd": tmp_path / "nograd"}
+    for name, flags in (("grad", ()), ("nograd", ("--no-grad",))):
+        assert main(["check", "--family", "linear_scan", "--kernel", f"{kernel}:loop_scan", "--profile", "ci",
+                     "--dtypes", "float64", "--max-length", "32", "--max-examples", "3", "--in-process",
+                     "--report-dir", str(runs[name]), "--cases-dir", str(tmp_path / "cases"), *flags]) == EXIT_OK
+    assert any(r.get("mode") == "grad" for r in load_records(runs["grad"]))  # the baseline took gradients
+    result = gate(runs["grad"], runs["nograd"])
+    assert not result.passed and kinds(result) == [("gradients", None, ("float64",))]
+    assert result.shortfalls[0].cells == len(result.missing) > 0
+    capsys.readouterr()
+    assert main(["gate", str(runs["nograd"]), "--baseline", str(runs["grad"])]) == EXIT_FAIL
+    assert result.shortfalls[0].message in capsys.readouterr().out
+    assert main(["gate", str(runs["nograd"]), "--baseline", str(runs["grad"]), "--allow-missing"]) == EXIT_OK
