@@ -41,7 +41,7 @@ CAUSE_PHRASES: dict[str, str] = {
     "precision_loss": "the algorithm is right and loses digits a plain loop keeps",
     "precision_exhausted": "no digit is guaranteed in the dtype",
     "tf32": "its float32 dots run in TF32 (Triton's default); IEEE dots are equivalent",
-    "chunk_rounding": "within a chunked form's bound: declare the chunk size",
+    "chunk_rounding": "within the bound of decays formed over the whole sequence: declare decays_across_chunks",
     "undeclared_precision": "cases within a narrower dtype's bound: it computes in a narrower precision than its inputs and "
                             "does not declare it",
     "constant_factor": "the oracle's output times one constant: another scale or sign convention",

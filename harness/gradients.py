@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -42,9 +42,9 @@ from harness.kernels import isolation
 from harness.kernels.contract import DTYPE_NAMES, Family, KernelSpec, RetentionConvention
 from harness.kernels.guard import Outcome
 from harness.problems import Problem
-from harness.runner import (RunOptions, call_args, chunk_blocking, explains, factor_clause, factor_gains, factors_to_try,
-                            half_precision_clause, inputs_in, named_inputs, output_shape, reference_trace, rerun_options,
-                            run_case)
+from harness.runner import (CONFIRMED_IN_FLOAT64, RunOptions, assumes_chunk, call_args, chunk_blocking, explains,
+                            factor_clause, factor_gains, factors_to_try, half_precision_clause, inputs_in, named_inputs,
+                            output_shape, reference_trace, rerun_options, run_case, runs_float64)
 from harness.verdict import Verdict, domain_kind, judge
 from reference_impls.trace import Trace
 
@@ -270,8 +270,6 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     the plain forward's output (float64 on the CPU, `run_case`'s ``keep_output``), when kept; an output equal
     to it bit for bit needs no second judgement.
     """
-    from harness.metrics import NO_POSITIONS, measure
-
     options = options or RunOptions()
     given = forward is not None
     if forward is None:
@@ -325,7 +323,6 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
     records: list[dict[str, Any]] = []
     bound_of: dict[str, Any] = {}
     y_scale = None  # the forward's magnitude, for a normwise bound only
-    out_shape = tuple(problem.definition.output_shape(problem))
     for name in names:
         ref = want[name]
         actual = got[name]
@@ -349,12 +346,8 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
 
         def judged(norm_peak: torch.Tensor | None):
             trace = bound_of[name] if norm_peak is None else dataclasses.replace(bound_of[name], norm_peak=norm_peak)
-            div = measure(actual.detach(), trace, function_room=problem.function_room if name in adjoint else 0.0,
-                          dtype=precision, tf32=problem.tf32,
-                          baseline=None if base is None or base[name] is None else base[name].detach(),
-                          length_axis=-1 if axis is None else axis, cond_threshold=options.policy.cond_threshold,
-                          element_axes_names=_axis_names(actual, axis, out_shape,
-                                                         problem.definition.input_axes(problem, name)))
+            div = _measured(problem, name, actual, trace, None if base is None else base[name], precision, options,
+                            adjoint=name in adjoint)
             return div, judge(div, options.policy)
 
         div, judgement = judged(None)
@@ -368,9 +361,7 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
                 if its_judgement.verdict is not Verdict.DIVERGENT:
                     div, judgement = ranged, its_judgement
         record = _case_fields(forward)
-        record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype", "length")})
-        if axis is None:  # no sequence axis: the measurement's positions are along the input's last axis
-            record.update(NO_POSITIONS)
+        _record_measurement(record, div, axis)
         record.update(mode="grad", grad_of=name, verdict=judgement.verdict.value, why=judgement.why,
                       replay=_replay_gradient(forward.get("replay"), name),
                       cause={"equivalent": "rounding", "divergent": "kernel_bug"}.get(judgement.verdict.value)
@@ -380,6 +371,18 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
             record["why"] = (f"{record['why']}; the kernel's backward gave no gradient for {name} (None, taken as "
                              "zeros): its output depends on it")
         records.append(record)
+    if assumes_chunk(spec, problem, options) and any(r["verdict"] == "divergent" for r in records):
+        confirm = None
+        if precision in CONFIRMED_IN_FLOAT64:
+            def confirm() -> dict[str, dict[str, Any]] | None:  # the same inputs' gradients in float64, chunks assumed
+                if not runs_float64(spec, problem, options):
+                    return None
+                taken = gradient_case(spec, problem.replace(dtype="float64", tf32=False),
+                                      dataclasses.replace(rerun_options(options), chunk_counterfactual=True),
+                                      inputs=inputs_in("float64", inputs), after_divergent=True)
+                return {r["grad_of"]: r for r in taken if r.get("mode") == "grad"}
+
+        _assumed_chunk(problem, records, got, bound_of, base, x64, g, precision, options, spec.convention, confirm)
     if options.precision_counterfactual and any(r["verdict"] == "divergent" for r in records):
         _second_dtype(spec, problem, options, inputs, records, precision)
     if options.precision_counterfactual and precision in ("float64", "float32"):
@@ -387,9 +390,6 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
             if record["verdict"] == "divergent" and record["cause"] in ("kernel_bug", "precision_loss"):
                 name = record["grad_of"]
                 _half_precision(record, got[name], bound_of[name], precision, options)
-    if (options.chunk_counterfactual and problem.definition.chunk_term and problem.chunk_size is None
-            and not spec.capabilities.takes_chunk and problem.length > 1):  # one step: no cumulative sum
-        _chunk_rounding(problem, records, got, bound_of, base, x64, g, precision, options, spec.convention)
     if options.factor_counterfactual:
         for record in records:
             if record["verdict"] == "divergent" and record["cause"] == "kernel_bug":
@@ -401,8 +401,10 @@ def gradient_case(spec: KernelSpec, problem: Problem, options: RunOptions | None
 
 #: Fields of a forward record that are its measurement, not the case's description: a gradient record (or the
 #: training forward's) starts from the forward's record without them (a final state's cond copied into every
-#: gradient row had the table show it as their worst, a blind hunt found).
-_FORWARD_MEASUREMENT_PREFIXES = ("t_", "cond", "max_", "ulp", "worst", "final_state_", "verdict_target")
+#: gradient row had the table show it as their worst); the chunk the forward was judged at
+#: (`runner._judged_at_assumed_chunk`) is the forward's, and a gradient says its own.
+_FORWARD_MEASUREMENT_PREFIXES = ("t_", "cond", "max_", "ulp", "worst", "final_state_", "verdict_target",
+                                 "assumed_chunk", "unchunked_", "chunked_", "sequence_cond")
 
 
 def _case_fields(forward: dict[str, Any]) -> dict[str, Any]:
@@ -437,23 +439,32 @@ def _training_forward(spec: KernelSpec, problem: Problem, inputs: dict[str, torc
         record.update(outcome=broken[0].value, error=message, verdict=judgement.verdict.value, why=judgement.why,
                       cause=broken[0].value)
         return record
-    div, judgement = judged_output(spec, problem, inputs, output, options)
+    precision = spec.capabilities.precision(problem.dtype)
+    taken: list[dict[str, Any] | None] = []  # that path in float64, taken once when first needed
+
+    def in_float64() -> dict[str, Any] | None:
+        """The same path's output in float64 on the same inputs, judged as `judged_output` judges (chunk sizes
+        assumed as here): its verdict and cond_max; None where it cannot be taken."""
+        if not taken:
+            taken.append(None)
+            if options.precision_counterfactual and precision != "float64" and runs_float64(spec, problem, options):
+                wide = problem.replace(dtype="float64", tf32=False)
+                wide_inputs = inputs_in("float64", inputs)
+                names = tuple(n for n in problem.definition.grad_inputs if n in wide_inputs)
+                kept: dict[str, torch.Tensor] = {}
+                wide_options = dataclasses.replace(rerun_options(options), chunk_counterfactual=True)
+                outcome, _, _ = _kernel_vjp(spec, wide, wide_inputs, names, cotangent(wide, output_shape(wide)),
+                                            wide_options, kept)
+                if outcome is Outcome.OK and "output" in kept:
+                    wide_div, wide_judgement = judged_output(spec, wide, wide_inputs, kept["output"], wide_options)
+                    taken[0] = {"verdict": wide_judgement.verdict.value, "cond_max": wide_div.cond_max}
+        return taken[0]
+
+    div, judgement = judged_output(spec, problem, inputs, output, options, confirm=in_float64)
     if judgement.verdict is not Verdict.DIVERGENT:
         return None
-    cause = "kernel_bug"
-    precision = spec.capabilities.precision(problem.dtype)
-    if (options.precision_counterfactual and precision != "float64"
-            and spec.capabilities.runs("float64", problem.device) is None):
-        wide = problem.replace(dtype="float64", tf32=False)
-        wide_inputs = inputs_in("float64", inputs)
-        names = tuple(n for n in problem.definition.grad_inputs if n in wide_inputs)
-        kept: dict[str, torch.Tensor] = {}
-        outcome, _, _ = _kernel_vjp(spec, wide, wide_inputs, names, cotangent(wide, output_shape(wide)),
-                                    rerun_options(options), kept)
-        if outcome is Outcome.OK and "output" in kept:
-            _, wide_judgement = judged_output(spec, wide, wide_inputs, kept["output"], rerun_options(options))
-            if wide_judgement.verdict is Verdict.EQUIVALENT:
-                cause = "precision_loss"
+    wide_run = in_float64() if precision != "float64" else None
+    cause = "precision_loss" if wide_run is not None and wide_run["verdict"] == "equivalent" else "kernel_bug"
     record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype", "length")})
     record.update(verdict=judgement.verdict.value, cause=cause,
                   why=f"{what}: {judgement.why}; without grad the same case's forward is {forward.get('verdict')}"
@@ -462,37 +473,83 @@ def _training_forward(spec: KernelSpec, problem: Problem, inputs: dict[str, torc
     return record
 
 
-def _chunk_rounding(problem: Problem, records: list[dict[str, Any]], got: dict[str, torch.Tensor | None],
-                    bound_of: dict[str, Trace], base: dict[str, torch.Tensor | None] | None, x64: dict[str, torch.Tensor],
-                    cot: torch.Tensor, precision: str, options: RunOptions, convention: RetentionConvention) -> None:
-    """Name a divergent gradient of a kernel that declares no chunk size as `runner._chunked_bound` names an output:
-    judged again on its adjoint's trace at chunk `runner.CHUNK_COUNTERFACTUAL` (a chunked backward forms its decays
-    from its forward's chunk sums); within that bound, the cause is ``chunk_rounding`` where nothing else named one
-    and the why says how to declare the chunk size (a blind hunt's correct chunked selective scan without a
-    chunk_size parameter had its float64 dB and dC called ``kernel_bug``, session 21). The verdict stays."""
+def _measured(problem: Problem, name: str, actual: torch.Tensor, trace: Trace, baseline: torch.Tensor | None,
+              precision: str, options: RunOptions, *, adjoint: bool) -> Any:
+    """The `Divergence` of input ``name``'s gradient ``actual`` against ``trace`` (its bound), ``baseline`` the
+    same-dtype loop's gradient; ``adjoint``: the bound is the family's own trace of the gradient (its function room
+    then applies)."""
     from harness.metrics import measure
-    from harness.runner import _CHUNK_CLAUSE, CHUNK_COUNTERFACTUAL
 
-    pending = [r for r in records if r["verdict"] == "divergent" and r["cause"] in ("kernel_bug", "precision_loss")
+    axis = problem.definition.input_length_axis(name)
+    out_shape = tuple(problem.definition.output_shape(problem))
+    return measure(actual.detach(), trace, function_room=problem.function_room if adjoint else 0.0,
+                   dtype=precision, tf32=problem.tf32, baseline=None if baseline is None else baseline.detach(),
+                   length_axis=-1 if axis is None else axis, cond_threshold=options.policy.cond_threshold,
+                   element_axes_names=_axis_names(actual, axis, out_shape,
+                                                  problem.definition.input_axes(problem, name)))
+
+
+def _record_measurement(record: dict[str, Any], div: Any, axis: int | None) -> None:
+    """A gradient's measurement into its record (the case's dtype and length are the forward's)."""
+    from harness.metrics import NO_POSITIONS
+
+    record.update({k: v for k, v in div.to_dict().items() if k not in ("dtype", "length")})
+    if axis is None:  # no sequence axis: the measurement's positions are along the input's last axis
+        record.update(NO_POSITIONS)
+
+
+def _assumed_chunk(problem: Problem, records: list[dict[str, Any]], got: dict[str, torch.Tensor | None],
+                   bound_of: dict[str, Trace], base: dict[str, torch.Tensor | None] | None,
+                   x64: dict[str, torch.Tensor], cot: torch.Tensor, precision: str, options: RunOptions,
+                   convention: RetentionConvention,
+                   confirm: "Callable[[], dict[str, dict[str, Any]] | None] | None" = None) -> None:
+    """Judge a divergent gradient of a kernel that declares no chunk size as `runner._judged_at_assumed_chunk` judges
+    an output: on its adjoint's trace at each of `runner.assumed_chunk_sizes` (a chunked backward forms its decays
+    from its forward's chunk sums; one oracle run per size for every pending gradient, no kernel call), smallest
+    first; at the first where it is not divergent, that measurement and verdict are the record's, with
+    ``assumed_chunk_size``, ``unchunked_cond_max`` and the note in the why (a correct chunked selective scan without
+    a chunk_size parameter has its float64 dB and dC past the loop's bound). Where none
+    holds, ``chunked_cond_max`` is the cond error at the largest and the record stays. In half precision ``confirm``
+    gives the same inputs' gradients in float64, chunks assumed there too (None: it cannot): the assumption holds
+    only for a gradient equivalent there, as for an output (`runner._judged_at_assumed_chunk`)."""
+    from harness.runner import assumed_chunk_clause, assumed_chunk_sizes, assumption_refused
+
+    wide: list[dict[str, dict[str, Any]] | None] = []  # the float64 gradients, taken once when first needed
+
+    pending = [r for r in records if r["verdict"] == "divergent" and r["cause"] == "kernel_bug"
                and got.get(r["grad_of"]) is not None]
-    if not pending:
-        return
-    chunked = problem.replace(chunk_size=CHUNK_COUNTERFACTUAL)
-    traces = problem.definition.gradient_traces(chunked, x64, cot, tuple(r["grad_of"] for r in pending),
-                                                convention) or {}
-    for record in pending:
-        name = record["grad_of"]
-        if traces.get(name) is None:
-            continue
-        axis = problem.definition.input_length_axis(name)
-        low = None if base is None or base[name] is None else base[name].detach()
-        div = measure(got[name].detach(), _adjoint_trace(traces[name], bound_of[name].out),
-                      function_room=problem.function_room, dtype=precision, tf32=problem.tf32, baseline=low,
-                      length_axis=-1 if axis is None else axis, cond_threshold=options.policy.cond_threshold)
-        record["chunked_cond_max"] = div.cond_max
-        if judge(div, options.policy).verdict is Verdict.EQUIVALENT:
-            record["cause"] = "chunk_rounding" if record["cause"] == "kernel_bug" else record["cause"]
-            record["why"] = f"{record['why']}; chunk rounding: {_CHUNK_CLAUSE.format(cond_max=div.cond_max)}"
+    for chunk in assumed_chunk_sizes(problem.length):
+        if not pending:
+            return
+        traces = problem.definition.gradient_traces(problem.replace(chunk_size=chunk), x64, cot,
+                                                    tuple(r["grad_of"] for r in pending), convention) or {}
+        for record in list(pending):
+            name = record["grad_of"]
+            if traces.get(name) is None:  # no adjoint trace of this gradient: its bound has no chunk term
+                pending.remove(record)
+                continue
+            ref = bound_of[name].out
+            div = _measured(problem, name, got[name], _adjoint_trace(traces[name], ref),
+                            None if base is None else base[name], precision, options, adjoint=True)
+            judgement = judge(div, options.policy)
+            record["chunked_cond_max"] = div.cond_max
+            if judgement.verdict not in (Verdict.EQUIVALENT, Verdict.OUT_OF_DOMAIN):
+                continue
+            pending.remove(record)
+            if confirm is not None:
+                wide = wide or [confirm()]
+                refused = assumption_refused(None if wide[0] is None else wide[0].get(name))
+                if refused is not None:
+                    record["why"] = (f"{record['why']}; within a chunked form's bound at chunk {chunk} (cond_max "
+                                     f"{div.cond_max:.3g}), but {refused}")
+                    continue
+            unchunked = record.get("cond_max")
+            del record["chunked_cond_max"]
+            _record_measurement(record, div, problem.definition.input_length_axis(name))
+            record.update(verdict=judgement.verdict.value, assumed_chunk_size=chunk, unchunked_cond_max=unchunked,
+                          cause="rounding" if judgement.verdict is Verdict.EQUIVALENT
+                          else _domain_kind(div, ref, precision),
+                          why=f"{judgement.why}; {assumed_chunk_clause(chunk, unchunked)}")
 
 
 def _axis_names(grad: torch.Tensor, axis: int | None, out_shape: tuple[int, ...],

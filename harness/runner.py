@@ -10,7 +10,8 @@ One case: `Problem.make_inputs` -> the float64 oracle's `Trace` -> the kernel, c
 eps = 0 is equivalent), ``precision_loss`` (divergent in a low precision, equivalent on the same inputs
 in float64: the algorithm is right and loses digits a plain loop in that dtype keeps), ``tf32``
 (divergent in float32, equivalent when the kernel's Triton dots run in IEEE float32 instead of TF32),
-``chunk_rounding`` (divergent, within a chunked form's bound for a kernel that declares no chunk size),
+``chunk_rounding`` (divergent: a kernel that declares no chunk size, beyond the bound of every assumed chunk size
+(`_judged_at_assumed_chunk`) and within that of decays formed over the whole sequence),
 ``input_overflow`` (out_of_domain: the inputs overflow the dtype), ``near_overflow`` (out_of_domain: exact
 values in range, within their error bound of the dtype's max), ``precision_exhausted``
 (out_of_domain: no digit of the output is guaranteed in the dtype), or the contract outcome of a kernel
@@ -170,7 +171,7 @@ class RunOptions:
     future_leak_probe: bool = True
     # re-call a divergent float32 kernel with IEEE float32 Triton dots to name TF32 (`_ieee_dots`)
     tf32_counterfactual: bool = True
-    # judge an undeclared kernel's divergent gated/selective case against a chunked form's bound (`_chunked_bound`)
+    # judge an undeclared kernel's divergent gated/selective case at assumed chunk sizes (`_judged_at_assumed_chunk`)
     chunk_counterfactual: bool = True
     # judge a divergent output against the oracle's times the best constant, to name a scale (`_constant_factor`)
     factor_counterfactual: bool = True
@@ -302,7 +303,24 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
 
     t0 = time.perf_counter()
     isolation.raise_if_stopped()
+    # the oracle's traces at the chunk sizes a kernel that declares none may run (`_AssumedChunks`); one step has
+    # no cumulative sum to round (a half-only bug of a step loop, shrunk to L = 1, was told to declare a chunk size)
+    chunked = _AssumedChunks(spec, problem, inputs) if assumes_chunk(spec, problem, options) else None
     div, judgement = _judge_outputs(problem, outputs, traces, baselines, precision, options, record)
+    wide_run: dict[str, Any] = {}  # the float64 run that confirms an assumed chunk in half precision, if made
+    if judgement.verdict is Verdict.DIVERGENT and chunked is not None:
+        confirm = None
+        if precision in CONFIRMED_IN_FLOAT64:
+            def confirm() -> dict[str, Any] | None:
+                if not runs_float64(spec, problem, options):
+                    return None
+                wide_run.update(_rerun_in("float64", spec, problem, inputs, replace(rerun_options(options),
+                                                                                    chunk_counterfactual=True),
+                                          kernel_fn))
+                return wide_run
+
+        div, judgement = _judged_at_assumed_chunk(chunked, div, judgement, outputs, baselines, precision, options,
+                                                  record, confirm)
     record.update({k: v for k, v in div.to_dict().items() if k not in record})
     if judgement.rule == "kernel_nonfinite":  # which of the family's intermediates overflows on this case, if known
         hint = problem.definition.nonfinite_hint(problem, inputs, precision)
@@ -335,14 +353,9 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
         if leak is not None:
             record["future_leak"] = True
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {leak}", judgement.rule)
-    # the oracle's traces at a chunk, for a kernel that declares none (`_chunked_bound`); one step has no
-    # cumulative sum to round (a half-only bug of a step loop, shrunk to L = 1, was told to declare a chunk size)
-    chunked = sequence = None
-    if (cause == "kernel_bug" and options.chunk_counterfactual and problem.definition.chunk_term
-            and problem.chunk_size is None and not spec.capabilities.takes_chunk and problem.length > 1):
-        chunked = _ChunkedTraces(spec, problem, inputs)
-    elif (options.chunk_counterfactual and problem.definition.chunk_term and problem.chunk_size is not None
-          and not spec.capabilities.decays_across_chunks and problem.length > problem.chunk_size):
+    sequence = None
+    if (options.chunk_counterfactual and problem.definition.chunk_term and problem.chunk_size is not None
+            and not spec.capabilities.decays_across_chunks and problem.length > problem.chunk_size):
         # a kernel handed a chunk size that forms its decays over the whole sequence (the quadratic "dual" SSD form,
         # whose signature takes the family's chunk_size and ignores it) was judged at its chunk, with no advice
         sequence = _ChunkedTraces(spec, problem, inputs, chunk=problem.length)
@@ -359,7 +372,8 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
             and spec.capabilities.runs("float64" if precision != "float64" else "float32", problem.device) is None):
         t0 = time.perf_counter()
         cause, judgement = _precision_counterfactual(spec, problem, inputs, options, kernel_fn, record, judgement,
-                                                     precision, keep_output=other_run)
+                                                     precision, keep_output=other_run,
+                                                     again=None if wide_run.get("assumed_chunk_size") else wide_run)
         timings["t_other_dtype"] = time.perf_counter() - t0
     if cause == "kernel_bug" and precision == "float64" and "output" in other_run:  # its float32 run, kept above
         t0 = time.perf_counter()
@@ -381,9 +395,10 @@ def run_case(spec: "KernelSpec | str", problem: Problem, options: RunOptions | N
                                                                  judgement.rule)
         elif hint is not None:
             judgement = Judgement(judgement.verdict, f"{judgement.why}; {hint}", judgement.rule)
-    if cause in ("kernel_bug", "precision_loss") and not record.get("future_leak") and chunked is not None:
+    whole = None if chunked is None or cause not in ("kernel_bug", "precision_loss") else chunked.whole_sequence()
+    if whole is not None and not record.get("future_leak"):
         t0 = time.perf_counter()
-        found = _chunked_bound(chunked, outputs, baselines, precision, options, record)
+        found = _sequence_bound(whole, outputs, baselines, precision, options, record)
         timings["t_chunked_bound"] = time.perf_counter() - t0
         if found is not None:  # the cause where nothing else named it; beside precision_loss, the advice
             cause = "chunk_rounding" if cause == "kernel_bug" else cause
@@ -458,7 +473,7 @@ def _call_kernel(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Ten
 def _ieee_dots(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], output: torch.Tensor,
                traces: dict[str, Any], baselines: dict[str, Any] | None, options: RunOptions,
                kernel_fn: Callable | None, worker: Any, record: dict[str, Any],
-               chunked: "_ChunkedTraces | None" = None) -> str | None:
+               chunked: "_AssumedChunks | None" = None) -> str | None:
     """Whether a divergent float32 case is TF32's doing: the why's clause if so, else None.
 
     Triton's float32 ``tl.dot`` runs in TF32 by default (the operands' low 13 fraction bits dropped; the
@@ -469,8 +484,9 @@ def _ieee_dots(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tenso
     the same bits and nothing is said. Where the IEEE output (and final state) is equivalent, the case's
     error is TF32's: the record keeps its verdict (the kernel does err beyond float32's bound), with
     ``ieee_dots_cond_max``, and the cause becomes ``tf32``. For a kernel that declares no chunk size
-    (``chunked``, `_chunked_bound`) the IEEE output may instead be within the chunked form's bound: a
-    Triton chunk kernel has both (fla's ``chunk_simple_gla`` named directly); the why then says both.
+    (``chunked``, `_AssumedChunks`) the IEEE output may instead be within the bound of a chunked form at an
+    assumed chunk size: a Triton chunk kernel has both (fla's ``chunk_simple_gla`` named directly); the why then
+    says both.
     """
     result = _call_kernel(spec, problem, {k: v.clone() for k, v in inputs.items()}, options, kernel_fn, worker,
                           False, float32_dots="ieee")
@@ -481,9 +497,9 @@ def _ieee_dots(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tenso
     cond_max = record["ieee_dots_cond_max"] = div.cond_max
     found = f"TF32: the same call with IEEE float32 Triton dots is equivalent (cond_max {cond_max:.3g})"
     if judgement.verdict is not Verdict.EQUIVALENT and chunked is not None:
-        chunk_cond, judgement = chunked.judge(outputs, baselines, "float32", options)
+        chunk, at, judgement = chunked.smallest(outputs, baselines, "float32", options)
         found = ("TF32 and chunk rounding: the same call with IEEE float32 Triton dots is "
-                 + _CHUNK_CLAUSE.format(cond_max=chunk_cond))
+                 + _CHUNK_CLAUSE.format(chunk=chunk, cond_max=at.cond_max))
     if judgement.verdict is not Verdict.EQUIVALENT:
         return None
     return (f"{found}; its float32 tl.dot run in TF32, Triton's default: pass input_precision='ieee' to tl.dot, or "
@@ -569,10 +585,12 @@ def _judge_outputs(problem: Problem, outputs: dict[str, Any], traces: dict[str, 
 
 
 def judged_output(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], output: torch.Tensor,
-                  options: RunOptions) -> tuple[Any, Judgement]:
+                  options: RunOptions, confirm: Callable[[], dict[str, Any] | None] | None = None,
+                  ) -> tuple[Any, Judgement]:
     """The output of another call of ``spec`` on this case (its forward with inputs requiring grad,
     `gradients.gradient_case`) measured and judged as `run_case` judges its own: the same oracle trace, chunk
-    term, same-dtype loop and precision; the output only (no final state)."""
+    term (or assumed chunk, `_judged_at_assumed_chunk`, in half precision only as ``confirm`` confirms it: the same
+    call's verdict in float64), same-dtype loop and precision; the output only (no final state)."""
     traces = chunk_term_at(spec, problem, inputs, reference_traces)
     precision = spec.capabilities.precision(problem.dtype)
     storage = dtypes.dtype_key(dtypes.torch_dtype(precision))
@@ -581,28 +599,62 @@ def judged_output(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Te
                                      {k: v.to(DTYPE_NAMES[storage]) for k, v in inputs.items()}, spec.convention)
     except Exception:  # noqa: BLE001 - judged without the loop, as run_case does when it fails
         baselines = None
-    return _judge_outputs(problem, {"output": output}, {"output": traces["output"]},
-                          None if baselines is None else {"output": baselines["output"]}, precision, options)
+    outputs, baselines = {"output": output}, None if baselines is None else {"output": baselines["output"]}
+    div, judgement = _judge_outputs(problem, outputs, {"output": traces["output"]}, baselines, precision, options)
+    if judgement.verdict is Verdict.DIVERGENT and assumes_chunk(spec, problem, options):  # as run_case's own
+        confirm = (confirm or (lambda: None)) if precision in CONFIRMED_IN_FLOAT64 else None
+        div, judgement = _judged_at_assumed_chunk(_AssumedChunks(spec, problem, inputs), div, judgement, outputs,
+                                                  baselines, precision, options, {}, confirm)
+    return div, judgement
 
 
-#: The chunk size a kernel that declares none is judged at by `_chunked_bound`: the block of fla's chunk
-#: kernels and of most Triton chunk kernels.
-CHUNK_COUNTERFACTUAL = 64
+#: The chunk sizes a gated or selective-scan kernel that declares none is judged at (`_AssumedChunks`), smallest
+#: first: the blocks of fla's and most Triton chunk kernels (powers of two that Triton's ``tl.dot`` allows; fla's
+#: ``chunk_simple_gla`` fixes 64 inside and takes no chunk_size). The smallest whose bound holds is taken, so that
+#: the bound is no looser than the tightest chunk form that explains the output.
+ASSUMED_CHUNK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+
+
+def assumes_chunk(spec: KernelSpec, problem: Problem, options: RunOptions) -> bool:
+    """Whether a divergent case of ``spec`` is judged again at assumed chunk sizes (`_AssumedChunks`): a gated or
+    selective-scan kernel that declares no chunk size (none in its capabilities, none read from its signature), on
+    more than one step (one step has no cumulative sum to round: a half-only bug of a step loop, shrunk to L = 1,
+    was told to declare a chunk size)."""
+    return bool(options.chunk_counterfactual and problem.definition.chunk_term and problem.chunk_size is None
+                and not spec.capabilities.takes_chunk and problem.length > 1)
+
+
+#: The dtypes whose assumed chunk is confirmed by the same inputs in float64 (`_judged_at_assumed_chunk`): those
+#: whose chunk term can reach an output's magnitude (u * 128 steps of strong decay's log-decay mass > 1), where an
+#: algebraic slip can hide in it; in float32 it stays near 1e-4 of the state's magnitude.
+CONFIRMED_IN_FLOAT64: tuple[str, ...] = ("float16", "bfloat16")
+
+
+def runs_float64(spec: KernelSpec, problem: Problem, options: RunOptions) -> bool:
+    """Whether an assumed chunk of a half-precision case of ``spec`` can be confirmed by a float64 run of its inputs:
+    second-dtype runs are on, and the kernel runs float64 here."""
+    return options.precision_counterfactual and spec.capabilities.runs("float64", problem.device) is None
+
+
+#: The why's clause of an assumed chunk refused for want of a float64 run (`_judged_at_assumed_chunk`).
+UNCONFIRMED = ("no float64 run confirms it (the kernel does not run float64 here, second-dtype runs are off, or that "
+               "run judged nothing there), and in half precision a chunk term can hold an algebraic slip: not assumed")
+
+
+def assumed_chunk_sizes(length: int) -> tuple[int, ...]:
+    """The `ASSUMED_CHUNK_SIZES` that bound a case of ``length`` steps differently: those shorter than it, and the
+    first that spans it (a chunk of L steps or more is one chunk of the whole sequence, whatever its size)."""
+    shorter = tuple(chunk for chunk in ASSUMED_CHUNK_SIZES if chunk < length)
+    spanning = next((chunk for chunk in ASSUMED_CHUNK_SIZES if chunk >= length), None)
+    return shorter + (() if spanning is None else (spanning,))
 
 
 class _ChunkedTraces:
-    """The oracle's traces of ``problem`` at chunk `CHUNK_COUNTERFACTUAL`, computed once when first asked."""
+    """The oracle's traces of ``problem`` at chunk ``chunk``, computed once when first asked."""
 
-    def __init__(self, spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
-                 chunk: int = CHUNK_COUNTERFACTUAL):
+    def __init__(self, spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor], chunk: int):
         self.problem = problem.replace(chunk_size=chunk)
         self._spec, self._inputs, self._traces = spec, inputs, None
-
-    def whole_sequence(self) -> "_ChunkedTraces | None":
-        """The same at one chunk of the whole length (decays from cumulative sums over the sequence, a parallel
-        form's); None where the length is within one chunk already."""
-        length = self.problem.length
-        return None if length <= CHUNK_COUNTERFACTUAL else _ChunkedTraces(self._spec, self.problem, self._inputs, length)
 
     @property
     def traces(self) -> dict[str, Any]:
@@ -611,36 +663,109 @@ class _ChunkedTraces:
         return self._traces
 
     def judge(self, outputs: dict[str, Any], baselines: dict[str, Any] | None, precision: str,
-              options: RunOptions) -> tuple[float, Judgement]:
-        """(cond_max, judgement) of ``outputs`` against the chunked traces."""
-        div, judgement = _judge_outputs(self.problem, outputs, self.traces, baselines, precision, options)
-        return div.cond_max, judgement
+              options: RunOptions, fields: dict[str, Any] | None = None) -> tuple[Any, Judgement]:
+        """(the `Divergence`, the judgement) of ``outputs`` against the chunked traces; the final state's fields go
+        into ``fields``."""
+        return _judge_outputs(self.problem, outputs, self.traces, baselines, precision, options, fields)
 
 
-def _chunked_bound(chunked: _ChunkedTraces, outputs: dict[str, Any], baselines: dict[str, Any] | None,
-                   precision: str, options: RunOptions, record: dict[str, Any]) -> str | None:
-    """Whether a divergent case of a kernel that declares no chunk size is within a chunked form's bound:
-    the why's clause if so, else None.
+class _AssumedChunks:
+    """The oracle's traces of a case of a kernel that declares no chunk size, at each of `assumed_chunk_sizes`
+    (an oracle run each, computed when first asked; no kernel call)."""
+
+    def __init__(self, spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor]):
+        self.problem = problem
+        self._spec, self._inputs = spec, inputs
+        self._at = [_ChunkedTraces(spec, problem, inputs, chunk) for chunk in assumed_chunk_sizes(problem.length)]
+
+    def smallest(self, outputs: dict[str, Any], baselines: dict[str, Any] | None, precision: str,
+                 options: RunOptions, fields: dict[str, Any] | None = None) -> tuple[int | None, Any, Judgement]:
+        """(chunk, `Divergence`, judgement) of ``outputs`` at the smallest assumed chunk size where they are not
+        divergent (its final state's fields into ``fields``); (None, the measurement at the largest, its judgement)
+        where they are at none. Not divergent is equivalent, or out_of_domain where the chunk term leaves some
+        elements no guaranteed digit (half precision under strong decay) and the others are within it: what a kernel
+        that declares that chunk gets there. A larger chunk's bound only widens, so the first one is the tightest."""
+        for chunked in self._at:
+            found: dict[str, Any] = {}
+            div, judgement = chunked.judge(outputs, baselines, precision, options, found)
+            if judgement.verdict in (Verdict.EQUIVALENT, Verdict.OUT_OF_DOMAIN):
+                if fields is not None:
+                    fields.update(found)
+                return chunked.problem.chunk_size, div, judgement
+        return None, div, judgement
+
+    def whole_sequence(self) -> "_ChunkedTraces | None":
+        """The traces at one chunk of the whole length (decays from cumulative sums over the sequence, a parallel
+        form's); None where the largest assumed chunk spans the sequence already."""
+        length = self.problem.length
+        return None if length <= ASSUMED_CHUNK_SIZES[-1] else _ChunkedTraces(self._spec, self.problem, self._inputs,
+                                                                             length)
+
+
+def _judged_at_assumed_chunk(chunked: _AssumedChunks, div: Any, judgement: Judgement, outputs: dict[str, Any],
+                             baselines: dict[str, Any] | None, precision: str, options: RunOptions,
+                             record: dict[str, Any], confirm: Callable[[], dict[str, Any] | None] | None = None,
+                             ) -> tuple[Any, Judgement]:
+    """A divergent case of a kernel that declares no chunk size, judged as what it may be: a chunk form.
 
     A chunk form forms its decays as exp of differences of cumulative sums, which loses ``u`` times the
-    within-chunk log-decay mass (the oracle's chunk term, `reference_impls.gated_decay`); the bound
-    carries it only for a kernel whose chunk size the harness knows (declared, or read from its
-    signature, `harness.signatures`). A Triton chunk kernel with its block fixed inside (fla's
-    ``chunk_simple_gla`` named directly, a user's ``BT = 64``) declares none and is held to the loop's bound.
-    The same output is judged once more against the oracle's trace at chunk `CHUNK_COUNTERFACTUAL` (no
-    kernel call; the oracle once more): where that is equivalent, the why says how to declare the chunk
-    size, and the cause is ``chunk_rounding`` where nothing else named one (the second-dtype run comes
-    first: a correct algorithm that does not chunk, a log-space scan, is ``precision_loss``, and keeps
-    that name with this advice beside it). The verdict stays: the harness cannot know the kernel chunks.
+    within-chunk log-decay mass (the oracle's chunk term, `reference_impls.gated_decay`); the bound carries it
+    only for a kernel whose chunk size the harness knows (declared, or read from its signature,
+    `harness.signatures`). A chunk kernel with its block fixed inside (fla's ``chunk_simple_gla`` named
+    directly, a user's Triton kernel with ``BT = 64``) declares none. The same output is judged once more
+    against the oracle's traces at each of `assumed_chunk_sizes` (no kernel call); at the smallest where it is not
+    divergent (`_AssumedChunks.smallest`), that is the case's measurement and judgement, the record's
+    ``assumed_chunk_size`` says which chunk was assumed (the why too), and ``unchunked_cond_max`` keeps the cond
+    error against the loop's bound.
+    At none, ``(div, judgement)`` are returned as they are and ``chunked_cond_max`` records the cond error at the
+    largest: a slip at a chunk boundary, or a last partial chunk dropped, errs far beyond every chunk's bound.
+
+    In half precision (`CONFIRMED_IN_FLOAT64`) the chunk term of a long chunk under strong decay reaches the
+    output's magnitude, and an algebraic slip can hide in it (a state carried into a chunk undecayed, at bfloat16
+    cond 1.7 against the loop's bound, was within chunk 64's). There ``confirm`` runs the same inputs in float64,
+    judged with the same assumption (None where it cannot, `runs_float64`): the assumption holds only where that run
+    is equivalent, a chunk form's rounding that shrinks with u; otherwise it is refused and the why says why (the
+    float64 run is kept for `_precision_counterfactual`).
     """
-    cond_max, judgement = chunked.judge(outputs, baselines, precision, options)
-    record["chunked_cond_max"] = cond_max
-    if judgement.verdict is Verdict.EQUIVALENT:
-        return f"chunk rounding: {_CHUNK_CLAUSE.format(cond_max=cond_max)}"
-    # a parallel form's cumulative sums span the sequence: past one chunk its rounding is the whole length's
-    # (a blind hunt's correct parallel simple GLA at L = 130, session 23, was told to declare a chunk size)
-    whole = chunked.whole_sequence()
-    return None if whole is None else _sequence_bound(whole, outputs, baselines, precision, options, record)
+    t0 = time.perf_counter()
+    fields: dict[str, Any] = {}
+    chunk, at, there = chunked.smallest(outputs, baselines, precision, options, fields)
+    record["t_assumed_chunk"] = round(time.perf_counter() - t0, 6)
+    if chunk is None:
+        record["chunked_cond_max"] = at.cond_max
+        return div, judgement
+    refused = None if confirm is None else assumption_refused(confirm())
+    if refused is not None:
+        record["chunked_cond_max"] = at.cond_max
+        return div, Judgement(judgement.verdict, f"{judgement.why}; within a chunked form's bound at chunk {chunk} "
+                                                 f"(cond_max {at.cond_max:.3g}), but {refused}", judgement.rule)
+    unchunked = {"unchunked_cond_max": div.cond_max}
+    if record.get("final_state_cond_max") is not None:
+        unchunked["unchunked_final_state_cond_max"] = record["final_state_cond_max"]
+    for key in [k for k in record if k.startswith("final_state_") or k == "verdict_target"]:
+        del record[key]  # the chunk-less judgement's final state: the chunked one replaces it
+    record.update(fields, assumed_chunk_size=chunk, **unchunked)
+    return at, Judgement(there.verdict, f"{there.why}; {assumed_chunk_clause(chunk, div.cond_max)}", there.rule)
+
+
+def assumption_refused(wide: dict[str, Any] | None) -> str | None:
+    """Why the float64 run ``wide`` (a record, a gradient's too; None: not made) does not confirm an assumed chunk,
+    or None where it does (equivalent)."""
+    if wide is None:
+        return UNCONFIRMED
+    if wide.get("verdict") == Verdict.EQUIVALENT.value:
+        return None
+    cond = wide.get("cond_max")
+    return (f"the same inputs in float64 are {wide.get('verdict')}"
+            + (f" (cond_max {cond:.3g})" if isinstance(cond, float) else "")
+            + " at every assumed chunk: not a chunk form's rounding")
+
+
+def assumed_chunk_clause(chunk: int, unchunked_cond_max: float) -> str:
+    """The why's note of a case judged at an assumed chunk size (`_judged_at_assumed_chunk`, a gradient's too)."""
+    return (f"assumed chunk: judged against a chunked form's bound at chunk {chunk} (assumed: the kernel declares no "
+            "chunk size; declare it to be judged at its own: a chunk_size parameter, or Capabilities(chunk_sizes=...) "
+            f"in a KernelSpec); against the chunk-less loop's bound its cond_max is {unchunked_cond_max:.3g}")
 
 
 def _sequence_bound(whole: _ChunkedTraces, outputs: dict[str, Any], baselines: dict[str, Any] | None,
@@ -648,12 +773,13 @@ def _sequence_bound(whole: _ChunkedTraces, outputs: dict[str, Any], baselines: d
     """Whether a divergent case is within the bound of decays formed over the whole sequence (``whole``: the
     oracle's traces at one chunk of the whole length): the why's clause, advising
     ``Capabilities(decays_across_chunks=True)``, if so, else None. For a kernel that declares no chunk size
-    (`_chunked_bound`, past chunk `CHUNK_COUNTERFACTUAL`) and one handed a chunk size that it does not use so (a
+    (`_AssumedChunks.whole_sequence`: past the largest assumed chunk, where none of their bounds holds) and one
+    handed a chunk size that it does not use so (a
     blind hunt's correct quadratic SSD form, session 25: cond 1.08 in float64, and no word of the declaration that
     passes it). The verdict stays: the harness cannot know how the kernel forms its decays; for a kernel handed a
     chunk size the cause stays too (advice only)."""
-    cond_max, judgement = whole.judge(outputs, baselines, precision, options)
-    record["sequence_cond_max"] = cond_max
+    div, judgement = whole.judge(outputs, baselines, precision, options)
+    cond_max = record["sequence_cond_max"] = div.cond_max
     if judgement.verdict is not Verdict.EQUIVALENT:
         return None
     return f"chunk rounding: {_SEQUENCE_CLAUSE.format(cond_max=cond_max)}"
@@ -676,7 +802,7 @@ def _declared_chunk_precision(spec: KernelSpec, problem: Problem, inputs: dict[s
             f"{record['chunk_precision']}")
 
 
-_CHUNK_CLAUSE = (f"within the bound of a chunked form with chunk {CHUNK_COUNTERFACTUAL} (cond_max {{cond_max:.3g}}), "
+_CHUNK_CLAUSE = ("within the bound of a chunked form with chunk {chunk} (cond_max {cond_max:.3g}), "
                  "whose decays are exp of differences of cumulative sums; if the kernel chunks, declare its chunk "
                  "size (a chunk_size parameter, or Capabilities(chunk_sizes=...) in a KernelSpec) and the bound "
                  "carries that term; if its cumulative sums span the whole sequence (a parallel form), declare "
@@ -1067,7 +1193,8 @@ def _rerun_in(dtype: str, spec: KernelSpec, problem: Problem, inputs: dict[str, 
 def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[str, torch.Tensor],
                               options: RunOptions, kernel_fn: Callable | None, record: dict[str, Any],
                               judgement: Judgement, precision: str,
-                              keep_output: dict[str, torch.Tensor] | None = None) -> tuple[str, Judgement]:
+                              keep_output: dict[str, torch.Tensor] | None = None,
+                              again: dict[str, Any] | None = None) -> tuple[str, Judgement]:
     """Tell precision lost by the algorithm from an algebraic mistake by running the case in a second dtype.
 
     A low-precision case reruns in float64 on the same rounded inputs (upcast exactly); a float64 case in
@@ -1077,7 +1204,8 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     roundoff, as a log-space scan's ``u * sum |log a|`` does); otherwise ``kernel_bug`` stays. NaN/Inf in
     either run keep ``kernel_bug`` unless the float64 run is equivalent. The verdict itself is unchanged
     (the kernel does err beyond the bound in that dtype); the other run's verdict and cond_max are
-    recorded (``float64_*`` / ``float32_*``).
+    recorded (``float64_*`` / ``float32_*``). ``again``: that run's record where it was made already (the float64
+    run of a half-precision case that checked an assumed chunk, `_judged_at_assumed_chunk`).
     """
     low = precision != "float64"
     other = "float64" if low else "float32"
@@ -1085,7 +1213,7 @@ def _precision_counterfactual(spec: KernelSpec, problem: Problem, inputs: dict[s
     if lost is not None:  # the rerun would compare zeros (or infinities) with zeros: no evidence either way
         return "kernel_bug", Judgement(judgement.verdict, f"{judgement.why}; no second-dtype check: {lost}",
                                        judgement.rule)
-    again = _rerun_in(other, spec, problem, inputs, options, kernel_fn, keep_output)
+    again = again or _rerun_in(other, spec, problem, inputs, options, kernel_fn, keep_output)
     record[f"{other}_verdict"] = again["verdict"]
     record[f"{other}_cond_max"] = again.get("cond_max")
     # the cond errors of the target that made the case divergent: a wrong final state beside a right output

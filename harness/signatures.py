@@ -23,6 +23,11 @@ The signature says what the kernel takes, so it is read (`capabilities_from_sign
   carries no chunk term (a step loop that took the required one and ignored it was charged a term it does not
   incur, and most of its bfloat16 cases were out of domain).
 
+An ``nn.Module`` is read through its ``forward``: the module's ``__call__`` reads ``(*args, **kwargs)`` and hands
+``forward`` what it is given, so its options are passed as a function's are. A signature that hides what it takes
+(``*args`` / ``**kwargs`` in place of the family's keywords, or none that can be read) is handed none of them; the
+capabilities name them (`Capabilities.untested_options`), and `harness check` says which went untested.
+
 Nothing else is inferred: a kernel that takes more (other chunk sizes, grouped B and C left out) says so in a
 `KernelSpec` (``harness check --kernel file.py:SPEC``).
 """
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterable
 
 from harness.kernels.contract import Capabilities, Family
 
@@ -44,18 +49,52 @@ _NO_CHUNK = ("; a kernel that does not chunk (a step loop) defaults chunk_size t
 REQUIRED_CHUNK_SIZES = (16, 32, 64)
 
 
+def called_signature(fn: Callable) -> inspect.Signature | None:
+    """The signature of what calling ``fn`` runs: an ``nn.Module``'s ``forward`` (its ``__call__`` reads ``(*args,
+    **kwargs)``), else ``fn``'s own; None where it cannot be read (a builtin, an extension type)."""
+    import torch
+
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+
+
+def hidden_options(family: Family | str, caps: Capabilities, named: "Iterable[str]" = ()) -> tuple[str, ...]:
+    """The options of ``family``'s signature that ``caps`` passes to no case and that are not in ``named`` (the
+    kernel's signature's parameters): for a signature that hides what it takes, the options left untested."""
+    from harness import families
+
+    fam = families.get(Family.parse(family))
+    named = set(named)
+    options: list[str] = [] if caps.selective_options else list(fam.option_keywords)
+    if fam.state_keywords is not None:
+        options += [keyword for keyword, taken in zip(fam.state_keywords, (caps.initial_state, caps.final_state))
+                    if not taken]
+    if fam.scale_keyword is not None and not caps.scale:
+        options.append(fam.scale_keyword)
+    if fam.packed_keyword is not None and not caps.varlen:
+        options.append(fam.packed_keyword)
+    if fam.chunk_term and not caps.takes_chunk:
+        options.append("chunk_size")
+    return tuple(option for option in options if option not in named)
+
+
 def capabilities_from_signature(fn: Callable, family: Family | str,
                                 base: Capabilities | None = None) -> tuple[Capabilities, list[str]]:
-    """``base`` (the defaults for a user kernel) as far as ``fn``'s signature allows, and one line per
-    inference that changed it (for the user: what is not drawn, and why)."""
+    """``base`` (the defaults for a user kernel) as far as ``fn``'s signature allows (an ``nn.Module``'s
+    ``forward``'s, `called_signature`), and one line per inference that changed it (for the user: what is not
+    drawn, and why). Where the signature hides what it takes, the options so left out are the capabilities'
+    ``untested_options``."""
     from harness import families
 
     fam = families.get(Family.parse(family))
     caps = base or Capabilities(devices=("cpu", "cuda"))
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin or an extension type without a signature: nothing to read
-        return caps, []
+    signature = called_signature(fn)
+    if signature is None:  # nothing to read: every option it may take is left untested
+        return replace(caps, untested_options=hidden_options(family, caps)), []
+    params = signature.parameters
     kinds = {p.kind for p in params.values()}
     open_keywords = inspect.Parameter.VAR_KEYWORD in kinds
     open_positional = inspect.Parameter.VAR_POSITIONAL in kinds
@@ -100,4 +139,6 @@ def capabilities_from_signature(fn: Callable, family: Family | str,
                      f"{_NO_CHUNK}")
     if sizes is not None and caps.chunk_sizes is None:
         caps = replace(caps, chunk_sizes=sizes)
+    if open_keywords or open_positional:  # it may take more than it names: what it is not handed goes untested
+        caps = replace(caps, untested_options=hidden_options(family, caps, params))
     return caps, notes

@@ -7,6 +7,8 @@ and a selective scan that takes no D, z, bias or softplus flag.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +18,10 @@ import torch
 
 from harness import check
 from harness.api import user_kernel_spec
+from harness.families.simple_gla import SCALES
 from harness.kernels import registry
 from harness.kernels.contract import Capabilities
-from harness.signatures import REQUIRED_CHUNK_SIZES, capabilities_from_signature
+from harness.signatures import REQUIRED_CHUNK_SIZES, capabilities_from_signature, hidden_options
 
 ROOT = Path(__file__).resolve().parents[1]
 _SSD = registry.get("intree.ssd_chunk").callable()
@@ -46,9 +49,11 @@ def takes_anything(*args, **kwargs):
 def test_a_required_chunk_size_is_handed_the_chunk_sizes_every_chunked_kernel_supports():
     caps, notes = capabilities_from_signature(ssd_as_documented, "ssd")
     assert caps.chunk_sizes == REQUIRED_CHUNK_SIZES and caps.selective_options
-    assert notes == ["its signature requires chunk_size: chunk sizes 16, 32, 64 are drawn, and the bound carries the "
-                     "chunk form's term for them; a kernel that does not chunk (a step loop) defaults chunk_size to "
-                     "None and is judged without that term, which leaves fewer half-precision cases out of domain"]
+    note, = notes
+    assert "requires chunk_size" in note and "bound" in note, note
+    # the chunk sizes drawn are named, each once, and no other number; a step loop is told to default to None
+    assert [int(n) for n in re.findall(r"\d+", note)] == list(REQUIRED_CHUNK_SIZES), note
+    assert "defaults chunk_size to None" in note, note
 
 
 def test_an_ssd_kernel_written_to_the_family_signature_passes_check():
@@ -78,7 +83,93 @@ def test_an_unreadable_or_open_signature_keeps_the_defaults_except_ssd_s_chunk(f
     caps, notes = capabilities_from_signature(takes_anything, family)
     assert caps.selective_options  # **kwargs: it may take every option
     assert caps.chunk_sizes == (REQUIRED_CHUNK_SIZES if family == "ssd" else None)
-    assert capabilities_from_signature(torch.add, family) == (Capabilities(devices=("cpu", "cuda")), [])  # no signature
+    unread, notes = capabilities_from_signature(torch.add, family)  # no signature: the defaults, every option untested
+    assert notes == [] and dataclasses.replace(unread, untested_options=()) == Capabilities(devices=("cpu", "cuda"))
+    assert unread.untested_options == hidden_options(family, Capabilities()) != ()
+
+
+def test_an_open_signature_names_the_options_it_leaves_untested():
+    """``(*args, **kwargs)`` hides which of the family's options the kernel takes: none of them is passed, and the
+    capabilities name them (`Capabilities.untested_options`); a signature that names its options, or one without
+    ``*args`` / ``**kwargs``, leaves none untested."""
+    caps, _ = capabilities_from_signature(takes_anything, "simple_gla")
+    assert set(caps.untested_options) == {"initial_state", "output_final_state", "scale", "cu_seqlens", "chunk_size"}
+    assert not (caps.initial_state or caps.final_state or caps.scale or caps.varlen or caps.takes_chunk)
+    ssd, _ = capabilities_from_signature(takes_anything, "ssd")  # its chunk size is handed (positional); D, z... too
+    assert set(ssd.untested_options) == {"initial_states", "return_final_states", "seq_idx"}
+
+    def named_and_open(q, k, v, g, scale=None, initial_state=None, output_final_state=False, **kwargs):
+        return _GLA(q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+
+    partly, _ = capabilities_from_signature(named_and_open, "gla")
+    assert set(partly.untested_options) == {"cu_seqlens", "chunk_size"}
+    assert capabilities_from_signature(gla_as_documented, "gla")[0].untested_options == ()  # it takes what it names
+
+
+class GlaModule(torch.nn.Module):
+    """fla's signature in a module's ``forward``; ``ignore_state`` plants a slip: the initial state is dropped."""
+
+    def __init__(self, ignore_state: bool = False):
+        super().__init__()
+        self.ignore_state = ignore_state
+
+    def forward(self, q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+        return _GLA(q, k, v, g, scale=scale, initial_state=None if self.ignore_state else initial_state,
+                    output_final_state=output_final_state)
+
+
+class OpenModule(torch.nn.Module):
+    def forward(self, *args, **kwargs):
+        return _GLA(*args, **kwargs)
+
+
+def test_a_module_is_read_through_its_forward():
+    """A module's ``__call__`` reads ``(*args, **kwargs)``: read there, it was handed no initial state, final-state
+    flag or scale, and nothing said so. Its ``forward`` is what it takes."""
+    caps, notes = capabilities_from_signature(GlaModule(), "gla")
+    assert caps.initial_state and caps.final_state and caps.scale and caps.untested_options == ()
+    assert capabilities_from_signature(GlaModule(), "gla") == capabilities_from_signature(gla_as_documented, "gla")
+
+    class Chunked(torch.nn.Module):
+        def forward(self, q, k, v, g, chunk_size=32):
+            return chunked_with_default(q, k, v, g, chunk_size=chunk_size)
+
+    assert capabilities_from_signature(Chunked(), "simple_gla")[0].chunk_sizes == (32,)
+    hidden, _ = capabilities_from_signature(OpenModule(), "gla")
+    assert "initial_state" in hidden.untested_options and not hidden.initial_state
+
+
+def test_a_module_s_forward_options_are_passed():
+    """Its cases hand it initial states and check its final state, so a module that drops its initial state is found."""
+    passing = check(GlaModule(), family="gla", profile="dev", dtypes=("float64",), max_examples=10, max_length=48,
+                    grad=False, save_counterexample=False, isolation="in-process")
+    assert passing.passed, passing.message
+    assert any(r.get("has_initial_state") for r in passing.records)
+    assert any(r.get("final_state") for r in passing.records)
+    assert {r.get("scale") for r in passing.records} - {None}
+    result = check(GlaModule(ignore_state=True), family="gla", profile="dev", dtypes=("float64",), max_examples=20,
+                   max_length=48, grad=False, save_counterexample=False, isolation="in-process")
+    assert not result.passed and result.failure["cause"] == "kernel_bug" and result.failure["has_initial_state"]
+
+
+@pytest.mark.e2e
+def test_check_names_the_options_a_hidden_signature_left_untested(tmp_path):
+    """One line under `harness check`'s searches names them (`CheckResult.untested_options`); none for a module whose
+    forward names them."""
+    kernel = tmp_path / "mine.py"
+    kernel.write_text("from tests.test_signatures import GlaModule, OpenModule\nopen_module = OpenModule()\n"
+                      "full_module = GlaModule()\n")
+    proc = subprocess.run([sys.executable, "-m", "harness", "check", "--family", "gla", "--kernel",
+                           f"{kernel}:open_module", "--kernel", f"{kernel}:full_module", "--profile", "dev",
+                           "--dtypes", "float64", "--max-examples", "3", "--max-length", "16", "--no-grad",
+                           "--in-process", "--report-dir", "run"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    searches = proc.stdout[proc.stdout.index("\nsearches:"):]
+    untested = [line for line in searches.splitlines() if "options not tested" in line]
+    assert len(untested) == 1 and untested[0].strip().startswith("mine.py:open_module: "), searches
+    assert all(option in untested[0] for option in ("initial_state", "output_final_state", "scale", "cu_seqlens"))
 
 
 def test_a_full_signature_and_a_declaration_are_left_as_they_are():
@@ -88,6 +179,7 @@ def test_a_full_signature_and_a_declaration_are_left_as_they_are():
     assert spec.capabilities is declared
 
 
+@pytest.mark.e2e
 def test_check_says_what_the_signature_left_out(tmp_path):
     kernel = tmp_path / "mine.py"
     kernel.write_text("from tests.test_signatures import selective_without_options as scan\n")
@@ -115,8 +207,13 @@ def gla_ignoring_its_initial_state(q, k, v, g, scale=None, initial_state=None, o
 def test_a_gated_signature_with_the_state_keywords_gets_states():
     caps, notes = capabilities_from_signature(gla_as_documented, "gla")
     assert caps.initial_state and caps.final_state and not caps.varlen
-    assert notes == ["its signature takes initial_state and output_final_state: cases with an initial state and "
-                     "the final state checked", "its signature takes scale: cases pass one now and then (1, 0.25)"]
+    state_note, scale_note = notes
+    assert "initial_state" in state_note and "output_final_state" in state_note, state_note
+    assert "scale" in scale_note and "initial_state" not in scale_note, scale_note
+    # the scales a case passes, as numbers: the family's (`SCALES`), None (the default) left out
+    passed = re.search(r"\(([^()]*)\)$", scale_note)
+    assert passed is not None, scale_note
+    assert [float(x) for x in passed.group(1).split(",")] == [x for x in SCALES if x is not None], scale_note
     result = check(gla_as_documented, family="gla", profile="dev", dtypes=("float64",), max_examples=10,
                    max_length=48, grad=False, save_counterexample=False)
     assert result.passed, result.message

@@ -8,6 +8,8 @@ fla.ops.simple_gla:chunk_simple_gla`) was ``divergent, kernel_bug`` on 110 of 11
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.api import check, user_kernel_spec
@@ -68,5 +70,5 @@ def test_a_triton_chunk_kernel_named_directly_has_both_tf32_and_its_chunk_named(
     record = run_case(spec, problem)
     assert record["verdict"] == "divergent" and record["cause"] == "tf32", record["why"]
     assert record["ieee_dots_cond_max"] > 1  # IEEE dots alone are not enough: the chunk term is needed too
-    assert "TF32 and chunk rounding: the same call with IEEE float32 Triton dots is within the bound of a " \
-           "chunked form with chunk 64" in record["why"]
+    assert re.search("TF32 and chunk rounding: the same call with IEEE float32 Triton dots is within the bound of a "
+                     "chunked form with chunk (16|32|64) ", record["why"]), record["why"]

@@ -207,6 +207,10 @@ class Capabilities:
     #: A chunk kernel's (chunks x chunks) matrices per batch row and head (`CHUNK_PAIRS`; 0 for none).
     chunk_pairs: int = CHUNK_PAIRS
     notes: str = ""
+    #: The options of the family's signature (``initial_state``, ``scale``, ``chunk_size``, ...) that no case passes
+    #: because the kernel's signature hides whether it takes them (``*args`` / ``**kwargs``, or none readable):
+    #: read from it by `harness.signatures`, and named under `harness check`'s searches as not tested.
+    untested_options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """The dtypes, memory counts and skipped regimes a kernel declares, checked where they are declared: an
