@@ -96,6 +96,12 @@ class CheckResult:
     #: which of them no case drew (a blind hunt's 20-example searches passed a kernel with no dt clamp that never
     #: met ``negative_steps``, session 23).
     regimes: tuple[str, ...] = ()
+    #: The options of the family's signature that no case passed: the kernel's signature hides whether it takes them
+    #: (``*args`` / ``**kwargs``; `Capabilities.untested_options`). `harness check` names them under its searches.
+    untested_options: tuple[str, ...] = ()
+    #: The saved counterexamples of this kernel (of the dtypes searched) that no longer fail on replay, found after a
+    #: search that passed (`harness.cases.stale_counterexamples`); `harness check` names them and `harness prune`.
+    stale_counterexamples: tuple[Path, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -356,7 +362,7 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
                          isolation=_isolation.validate_isolation(isolation or _isolation.default_isolation()))
     from harness.strategies import searched_regimes
 
-    result = CheckResult(regimes=tuple(searched_regimes(spec)))
+    result = CheckResult(regimes=tuple(searched_regimes(spec)), untested_options=spec.capabilities.untested_options)
     slow = spec.capabilities.slow  # interpreted (Triton on the CPU): the profile's few, short cases
     examples = max_examples or (lim.slow_max_examples if slow else lim.max_examples)
     if max_length is None and slow:
@@ -463,7 +469,38 @@ def check(fn: "Callable | str | KernelSpec", *, family: Family | str | None = No
         problem = problem_of.get(result.failure.get("case"))
         if problem is not None:
             _save_found_case(result, problem, counterexample_dir, target)
+    if result.failure is None and save_counterexample:  # the kernel's saved cases that a fix left behind
+        from harness.cases import stale_counterexamples
+
+        result.stale_counterexamples = tuple(stale_counterexamples(spec, directory=counterexample_dir, dtypes=dtypes,
+                                                                   device=device, options=options))
     return result
+
+
+def assumed_chunk_note(records: Iterable[dict[str, Any]]) -> str | None:
+    """The searches line's note on the cases (and gradients) judged at an assumed chunk size (`runner.
+    _judged_at_assumed_chunk`: a gated or selective-scan kernel that declares none), or None where there are none."""
+    import collections
+
+    assumed = [r for r in records if r.get("assumed_chunk_size") is not None]
+    if not assumed:
+        return None
+    grads = sum(1 for r in assumed if r.get("mode") == "grad")
+    cases = len(assumed) - grads
+    what = " and ".join(f"{n} {noun}{'' if n == 1 else 's'}" for n, noun in ((cases, "case"), (grads, "gradient")) if n)
+    sizes = collections.Counter(r["assumed_chunk_size"] for r in assumed)
+    each = ", ".join(f"chunk {chunk}: {n}" for chunk, n in sorted(sizes.items()))
+    return f"{what} judged at an assumed chunk size ({each}; it declares none: declare it to be judged at its own)"
+
+
+def untested_options_line(kernel: str, result: CheckResult) -> str | None:
+    """`harness check`'s line naming the options no case of ``kernel``'s search passed (`CheckResult.untested_options`),
+    or None where every option of the family's signature was tested or the kernel says it takes none."""
+    if not result.untested_options:
+        return None
+    return (f"{kernel}: options not tested: {', '.join(result.untested_options)} (its signature hides whether it "
+            "takes them behind *args / **kwargs; name them in its signature, an nn.Module's forward, or declare its "
+            "Capabilities in a KernelSpec)")
 
 
 def dtype_searches(fn: "Callable | str | KernelSpec", *, family: Family | str | None = None,
@@ -491,7 +528,9 @@ def check_each_dtype(fn: "Callable | str | KernelSpec", *, family: Family | str 
     first = failed[0] if failed else results[0]
     joined = CheckResult(records=[rec for r in results for rec in r.records], failure=first.failure,
                          counterexample=first.counterexample, regimes=first.regimes,
-                         shrink_stopped=any(r.shrink_stopped for r in results))
+                         untested_options=first.untested_options,
+                         shrink_stopped=any(r.shrink_stopped for r in results),
+                         stale_counterexamples=tuple(p for r in results for p in r.stale_counterexamples))
     joined.message = "\n\n".join(r.message for r in failed if r.message) or None
     for count in ("gradients_skipped", "gradients_out_of_domain", "gradients_not_differentiable"):
         setattr(joined, count, sum(getattr(r, count) for r in results))

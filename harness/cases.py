@@ -9,6 +9,9 @@ A counterexample file is small and readable: the kernel, the problem (with its s
 element values when hypothesis drew them), the metrics and verdict it had, and ``expect``: the verdict
 the suite requires when it replays the file (``equivalent`` once the kernel is fixed; a known, accepted
 failure can say ``divergent``). The suite replays every file on every run; so does `harness replay`.
+A case whose kernel has since been fixed (``expect`` equivalent and equivalent on replay, `no_longer_fails`)
+has done its work: a passing `harness check` names its kernel's such cases, a replay says so, and `harness
+prune` deletes them (`prune_counterexamples`).
 
 A sweep is a grid: kernels (registered, or a project's own `file.py:attr` with the group's ``family``) x lengths x
 dtypes x eps x chunk sizes x regimes, plus fixed problem fields,
@@ -29,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.errors import InvalidArgument
+from harness.errors import HarnessError, InvalidArgument
 from harness.kernels.contract import Family, KernelSpec
 from harness.problems import LATER_FIELDS, Problem
+from harness.records import kernel_of  # noqa: F401 - one definition, re-exported
 
 
 
@@ -64,12 +68,6 @@ def counterexample_path(kernel: str, family: str, *, directory: Path | None = No
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:10]
     name = f"{_slug(kernel)}--{family}{f'--{dtype}' if dtype else ''}--{digest}.json"
     return Path(directory or counterexamples_dir()) / name
-
-
-def kernel_of(record: dict[str, Any]) -> str:
-    """The kernel a record ran: ``NAME`` of a gradient record's ``NAME:grad[INPUT]`` (`harness.gradients`)."""
-    kernel = str(record["kernel"])
-    return kernel.rsplit(":grad[", 1)[0] if record.get("mode") == "grad" else kernel
 
 
 def save_counterexample(record: dict[str, Any], problem: Problem, *, directory: Path | None = None,
@@ -276,6 +274,138 @@ def _check_case_target(target: str) -> None:
                           f"pyproject.toml), and the project root here is {str(find_root())!r}: run the replay from "
                           "inside that project, or pass --kernel PATH.py:"
                           f"{target.rpartition(':')[2]} with the file's path from here")
+
+
+# -------------------------------------------------------------------------------- stale counterexamples
+def no_longer_fails(case: SavedCase, record: dict[str, Any]) -> bool:
+    """Whether a saved case, replayed as ``record``, can be removed: it waits for its kernel's fix (``expect``
+    equivalent, what `save_counterexample` writes) and the replay is equivalent. A case kept on purpose with a
+    failing ``expect`` (a planted bug that must stay caught) never can."""
+    return case.expect == "equivalent" and record.get("verdict") == "equivalent"
+
+
+def case_kernel(case: SavedCase) -> str:
+    """How ``--kernel`` names a saved case's kernel: its target (a user kernel), else its registered name."""
+    return case.kernel_target or case.kernel
+
+
+def prune_command(kernel: str, directory: Path | None = None) -> str:
+    """The `harness prune` command that removes ``kernel``'s saved cases that no longer fail; ``--cases-dir`` only
+    where ``directory`` is not the project's counterexamples folder."""
+    words = ["harness", "prune", "--kernel", kernel]
+    if directory is not None and Path(directory).resolve() != counterexamples_dir().resolve():
+        words += ["--cases-dir", str(directory)]
+    return shlex.join(words)
+
+
+def stale_counterexamples(spec: KernelSpec, *, directory: Path | None = None, dtypes: tuple[str, ...] | None = None,
+                          device: str = "cpu", options=None) -> list[Path]:
+    """The saved cases of ``spec``'s kernel (of ``dtypes`` on ``device``; every dtype when None) that no longer
+    fail when replayed on ``spec`` (`no_longer_fails`): what a passing `harness check` names. Each is one case
+    run once (a gradient's case: its forward and gradients); no record is stored. A file that cannot be read or
+    replayed is left to `harness prune`, which says why."""
+    stale = []
+    for path in saved_cases(directory):
+        try:
+            case = load_case(path)
+        except InvalidArgument:
+            continue
+        if (case.kernel != spec.name or case.problem.family is not spec.family or case.expect != "equivalent"
+                or case.problem.device != device or (dtypes is not None and case.problem.dtype not in dtypes)):
+            continue
+        try:
+            record = replay(spec, case.problem, case.grad_of, options)
+        except HarnessError:
+            continue
+        if no_longer_fails(case, record):
+            stale.append(path)
+    return stale
+
+
+def stale_counterexamples_line(kernel: str, paths: list[Path], directory: Path | None = None) -> str:
+    """`harness check`'s line naming ``kernel``'s saved cases that no longer fail, and the command that removes them."""
+    one = len(paths) == 1
+    return (f"{kernel}: {len(paths)} saved counterexample{'' if one else 's'} no longer fail{'s' if one else ''} "
+            f"(equivalent on replay): {', '.join(p.name for p in paths)}; remove {'it' if one else 'them'} with "
+            f"`{prune_command(kernel, directory)}`")
+
+
+@dataclass
+class PruneReport:
+    """What `prune_counterexamples` did with each saved case it looked at (each a path and, but for
+    ``removed``, why it stayed)."""
+
+    dry_run: bool = False
+    #: No longer fail (`no_longer_fails`): deleted, or with ``dry_run`` to be deleted.
+    removed: list[Path] = field(default_factory=list)
+    #: Still fail on replay: the verdict and cause.
+    failing: list[tuple[Path, str]] = field(default_factory=list)
+    #: Kept on purpose: their ``expect`` is another verdict than equivalent.
+    kept: list[tuple[Path, str]] = field(default_factory=list)
+    #: Not replayed (unreadable, a kernel not runnable here, code not trusted) or not deletable: why.
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+    @property
+    def looked_at(self) -> int:
+        return len(self.removed) + len(self.failing) + len(self.kept) + len(self.skipped)
+
+
+def _names_of(kernel: str) -> set[str]:
+    """The names a case may give the kernel ``--kernel`` names: as typed, its target as the harness names it
+    (`canonical_target`: a file from the project's root) and that target's kernel name."""
+    from harness.kernels.target import canonical_target
+
+    target = canonical_target(kernel)
+    return {kernel, target, f"user.{target}"}
+
+
+def prune_counterexamples(directory: Path | None = None, *, kernel: str | None = None, trust: bool = False,
+                          dry_run: bool = False, options=None) -> PruneReport:
+    """Replay each saved case of ``directory`` (default: the project's counterexamples folder; only ``kernel``'s
+    when given) and delete those that no longer fail (`no_longer_fails`); with ``dry_run`` delete nothing.
+
+    A case of a user kernel names code, imported only as `harness replay` does (`resolve_kernel`): ``kernel``
+    naming that target, or ``trust``; otherwise it is kept and the report says how to run it."""
+    report = PruneReport(dry_run=dry_run)
+    names = _names_of(kernel) if kernel else None
+    for path in saved_cases(directory):
+        try:
+            case = load_case(path)
+        except InvalidArgument as exc:
+            if names is None:  # whose it is cannot be told: said only when every case is looked at
+                report.skipped.append((path, str(exc)))
+            continue
+        if names is not None and case.kernel not in names and case.kernel_target not in names:
+            continue
+        if case.expect != "equivalent":
+            report.kept.append((path, f"expect {case.expect!r}: kept on purpose"))
+            continue
+        if not device_present(case.problem.device):
+            report.skipped.append((path, f"device {case.problem.device!r} is not present here"))
+            continue
+        named = case.kernel_target if names is not None and case.kernel_target in names else kernel
+        try:
+            spec = resolve_kernel(case.kernel, case.kernel_target, case.problem.family.value, trust=trust,
+                                  kernel=named)
+            reason = spec.unavailable_reason()
+            if reason:
+                report.skipped.append((path, f"kernel {case.kernel} is unavailable here: {reason}"))
+                continue
+            record = replay(spec, case.problem, case.grad_of, options)
+        except HarnessError as exc:
+            report.skipped.append((path, str(exc)))
+            continue
+        if not no_longer_fails(case, record):
+            report.failing.append((path, f"{record.get('verdict')} ({record.get('cause')})"))
+            continue
+        if not dry_run:
+            try:
+                path.unlink()
+            except OSError as exc:
+                report.skipped.append((path, f"no longer fails, but cannot be deleted: {exc.strerror or exc}"))
+                continue
+        report.removed.append(path)
+    return report
 
 
 # ---------------------------------------------------------------------------------------------- sweeps

@@ -355,7 +355,27 @@ def cmd_check(args) -> int:
         print("\nsearches:")
         for (target, _, dtypes), result in zip(units, results):
             print(f"  {shown[target]} {','.join(dtypes or ())}: {search_outcome(result)}")
+        from harness.api import untested_options_line
+
+        untested = {shown[target]: untested_options_line(shown[target], result)
+                    for (target, _, _), result in zip(units, results)}
+        for line in filter(None, untested.values()):  # one line per kernel
+            print(f"  {line}")
+        _print_stale_counterexamples(units, results, shown, cases_dir)
     return status
+
+
+def _print_stale_counterexamples(units, results, shown: dict[str, str], cases_dir: Path) -> None:
+    """Under a check's searches, one line per kernel whose saved counterexamples no longer fail (its passing searches
+    replayed them, `harness.cases.stale_counterexamples`), with the `harness prune` command that removes them."""
+    from harness.cases import stale_counterexamples_line
+
+    stale: dict[str, list[Path]] = {}
+    for (target, _, _), result in zip(units, results):
+        stale.setdefault(shown[target], []).extend(result.stale_counterexamples)
+    for kernel, paths in stale.items():
+        if paths:
+            print(f"  {stale_counterexamples_line(kernel, paths, cases_dir)}")
 
 
 def search_outcome(result) -> str:
@@ -396,6 +416,11 @@ def search_outcome(result) -> str:
     missed = [regime for regime in result.regimes if regime not in drawn]
     if forward and missed:
         line += f"; no case in regime {', '.join(missed)} (more --max-examples draws them)"
+    from harness.api import assumed_chunk_note
+
+    assumed = assumed_chunk_note(result.records)
+    if assumed:
+        line += f"; {assumed}"
     return line
 
 
@@ -453,7 +478,8 @@ def _progress(rec: dict) -> None:
 
 
 def cmd_replay(args) -> int:
-    from harness.cases import chunk_mismatch, load_case, replay, resolve_kernel
+    from harness.cases import (case_kernel, chunk_mismatch, load_case, no_longer_fails, prune_command, replay,
+                               resolve_kernel)
     from harness.runner import RunOptions
 
     grad_of = args.grad_of
@@ -497,6 +523,10 @@ def cmd_replay(args) -> int:
 
         print("\n" + failure_message(record, _policy(args), replay=record.get("replay"),
                                      context=call_context(record, problem)))
+    if args.file and spec.name == case.kernel and grad_of == case.grad_of and no_longer_fails(case, record):
+        print(f"\nThis counterexample no longer fails: delete {args.file}, or run "
+              f"`{prune_command(case_kernel(case), Path(args.file).parent)}` to remove every saved case of "
+              "the kernel that passes now")
     if expect is not None and record["verdict"] != expect:
         print(f"\nexpected verdict {expect!r}, got {record['verdict']!r}")
         return EXIT_FAIL
@@ -583,8 +613,10 @@ def cmd_gate(args) -> int:
     from harness.report import append_step_summary, terminal_text
 
     baseline = args.baseline or _project(args).baseline_dir
-    result = gate(baseline, args.run_dir, fail_on=args.fail_on, fail_on_missing=args.fail_on_missing,
-                  allow_mismatch=args.allow_mismatch)
+    # failing on a run that checked less than the baseline is the default: --fail-on-missing only says so (and
+    # given with --allow-missing, is refused as a usage error by `gate`)
+    result = gate(baseline, args.run_dir, fail_on=args.fail_on, allow_missing=args.allow_missing,
+                  fail_on_missing=args.fail_on_missing or None, allow_mismatch=args.allow_mismatch)
     summary = result.summary_markdown()
     append_step_summary(summary)
     print(terminal_text(summary))
@@ -592,15 +624,52 @@ def cmd_gate(args) -> int:
 
 
 def cmd_init(args) -> int:
-    from harness.project import KernelEntry
-    from harness.scaffold import init_project
+    from harness.project import KernelEntry, find_root
+    from harness.scaffold import init_project, installed_requirement
 
     kernels = [KernelEntry(t, f) for t, f in zip(args.kernel, _kernel_families(args.kernel, args.family))]
-    from harness.project import find_root
-
-    for path in init_project(find_root(), kernels, force=args.force, workflow=not args.no_workflow,
-                             harness_requirement=args.requirement):
+    root = find_root()
+    requirement = installed_requirement(root, args.requirement) if not args.no_workflow else None
+    result = init_project(root, kernels, force=args.force, workflow=not args.no_workflow,
+                          harness_requirement=requirement.text if requirement else None)
+    for path in result.written:
         print(f"wrote {path}")
+    for note in result.notes:
+        print(note)
+    if requirement is not None:
+        print(f"the workflow installs the harness as HARNESS={requirement.text!r} ({requirement.source})")
+        if requirement.warning:
+            print(f"harness: warning: {requirement.warning}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_prune(args) -> int:
+    """Replay the saved counterexamples (of ``--kernel``) and delete those that no longer fail; say what stays."""
+    from harness.cases import prune_counterexamples
+    from harness.runner import RunOptions
+
+    project = _project(args)
+    directory = _directory("--cases-dir" if args.cases_dir else "counterexamples ([tool.harness])",
+                           Path(args.cases_dir) if args.cases_dir else Path(project.counterexamples_dir))
+    report = prune_counterexamples(directory, kernel=args.kernel, trust=args.trust_case_file, dry_run=args.dry_run,
+                                   options=RunOptions(policy=_policy(args)))
+    whose = f" of kernel {args.kernel}" if args.kernel else ""
+    if not report.looked_at:
+        print(f"no saved counterexample{whose} in {directory}")
+        return EXIT_OK
+    removed = "to remove (--dry-run: none deleted)" if args.dry_run else "removed"
+    sections = ((f"{removed}: no longer fail (equivalent on replay)", [(p, "") for p in report.removed]),
+                ("still failing (kept)", report.failing),
+                ("kept on purpose", report.kept),
+                ("not replayed (kept)", report.skipped))
+    for title, entries in sections:
+        if entries:
+            print(f"{title}:")
+            for path, why in entries:
+                print(f"  {path}{f': {why}' if why else ''}")
+    print(f"{len(report.removed)} {removed}, {len(report.failing)} still failing, {len(report.kept)} kept on purpose, "
+          f"{len(report.skipped)} not replayed, of {report.looked_at} saved counterexample"
+          f"{'' if report.looked_at == 1 else 's'}{whose} in {directory}")
     return EXIT_OK
 
 
@@ -692,10 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("new")
     s.set_defaults(func=cmd_diff)
 
-    s = sub.add_parser("gate", help="fail when a run is worse than the baseline")
+    s = sub.add_parser("gate", help="fail when a run is worse than the baseline, or checked less than it")
     s.add_argument("run_dir")
     s.add_argument("--baseline", default=None, help="default: the project's baseline folder")
-    s.add_argument("--fail-on-missing", action="store_true")
     s.add_argument("--allow-mismatch", "--force", action="store_true", dest="allow_mismatch",
                    help="compare although the two runs' headers say the comparison is meaningless (another "
                         "device family, a record schema this version cannot read)")
@@ -716,9 +784,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="replace an existing [tool.harness] table and workflow")
     s.add_argument("--no-workflow", action="store_true", help="write the table only")
     s.add_argument("--requirement", default=None,
-                   help="how the workflow installs the harness (default: this version from PyPI), e.g. "
+                   help="how the workflow installs the harness (default: as it is installed here: a git URL at its "
+                        "commit, a wheel or folder inside the project by its path, else this version from a package "
+                        "index), e.g. "
                         "'seqkernel-harness @ git+https://github.com/OWNER/seqkernel-harness@v0.1.0'")
     s.set_defaults(func=cmd_init)
+
+    s = sub.add_parser("prune", help="replay the saved counterexamples and delete those that no longer fail")
+    s.add_argument("--kernel", default=None, metavar="TARGET",
+                   help="only this kernel's cases (a registered name, module:attr or file.py:attr); a user kernel's "
+                        "cases are run with it, as `replay --kernel` runs them")
+    s.add_argument("--trust-case-file", action="store_true",
+                   help="import the module or file each case file's kernel_target names (never done otherwise: "
+                        "a case file is data)")
+    s.add_argument("--cases-dir", default=None, help="the counterexamples folder (default: the project's)")
+    s.add_argument("--dry-run", action="store_true", help="list what would be removed; delete nothing")
+    add_report_options(s, cli=True, command="replay")  # prune replays: replay's --policy, --timeout, --in-process
+    s.set_defaults(func=cmd_prune)
 
     for name in ("check", "sweep", "replay", "gate"):
         add_report_options(sub.choices[name], cli=True, command=name)
@@ -729,7 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Commands that run kernels (in worker processes unless --in-process).
-_RUNS_KERNELS = ("check", "sweep", "replay")
+_RUNS_KERNELS = ("check", "sweep", "replay", "prune")
 
 
 def _usage_errors_first(args) -> None:
@@ -821,6 +903,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         interpret_if_no_gpu()  # Triton kernels on a CPU-only machine run interpreted; set before triton loads
         _apply_isolation(args)
+        if args.command in _RUNS_KERNELS:
+            from harness.threads import fit_threads  # imports torch: after the usage errors and the workers' server
+
+            fit_threads()  # this process's share of the cores, now that the isolation mode is known
         raise_if_stopped()  # stopped during start-up: exit 130 now, before any run directory is made
         return args.func(args)
     except InvalidArgument as exc:

@@ -2,7 +2,7 @@
 
 Registered under the ``pytest11`` entry point ``seqkernel_harness``, so it is active wherever the package
 is installed. It adds the options of `harness.options` (``--harness-report-dir``, ``--harness-baseline``,
-``--harness-fail-on``, ``--harness-fail-on-missing``, ``--harness-policy``, ``--harness-no-summary``,
+``--harness-fail-on``, ``--harness-allow-missing``, ``--harness-policy``, ``--harness-no-summary``,
 ``--harness-timeout``, ``--harness-in-process``) and
 two session-scoped fixtures and a check:
 
@@ -110,23 +110,13 @@ def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
-def worker_threads(cores: int, workers: int) -> int:
-    """Torch threads for one of ``workers`` xdist workers sharing ``cores``: the cores split, at least one.
-
-    Each worker otherwise takes torch's default (every core), so ``-n 2`` on 2 cores ran 4 threads whose
-    parallel regions wait on descheduled siblings; `make test` took 74 s idle and 143 s with one core busy.
-    """
-    return max(1, cores // max(1, workers))
-
-
 def _split_cores_between_workers() -> None:
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    import torch
+    """Each xdist worker computes on its share of the cores (`harness.threads`), its kernel workers too: with
+    torch's default (every core) in each, ``-n 2`` on 2 cores ran 4 threads whose parallel regions waited on
+    descheduled siblings; `make test` took 74 s idle and 143 s with one core busy."""
+    from harness.threads import fit_threads
 
-    threads = worker_threads(cores, workers)
-    torch.set_num_threads(threads)
-    os.environ.setdefault("SEQKERNEL_ORACLE_THREADS", str(threads))  # the oracles' compiled kernels
+    fit_threads(runs=int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 # ------------------------------------------------------------------------------------------- options
@@ -319,7 +309,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             from harness.gate import gate
 
             state.gate_result = gate(state.options.baseline, state.run_dir, fail_on=state.options.fail_on,
-                                     fail_on_missing=state.options.fail_on_missing)
+                                     allow_missing=state.options.allow_missing,
+                                     fail_on_missing=state.options.fail_on_missing or None)
         except Exception as exc:  # noqa: BLE001 - e.g. a missing baseline: said plainly, and the session fails
             state.gate_error = f"{type(exc).__name__}: {exc}"
     gate_failed = state.gate_error is not None or (state.gate_result is not None and not state.gate_result.passed)
@@ -386,6 +377,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         if result.passed:
             tr.write_line(f"harness gate: passed against {state.options.baseline} "
                           f"({len(result.missing)} missing, {len(result.added)} new cells)", green=True)
+            for warning in result.warnings:  # e.g. what went unchecked, accepted by --harness-allow-missing
+                tr.write_line(f"  warning: {warning}", yellow=True)
         else:
             tr.write_line(f"harness gate: FAILED against {state.options.baseline} "
                           f"({len(result.failures)} problems)", red=True, bold=True)

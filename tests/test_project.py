@@ -209,8 +209,8 @@ def test_init_writes_the_table_and_the_workflow_and_never_clobbers(tmp_path, mon
 def test_init_creates_a_missing_pyproject(tmp_path, monkeypatch):
     from harness.scaffold import init_project
 
-    written = init_project(tmp_path, [KernelEntry("k.py:f", "linear_scan")], workflow=False)
-    assert written == [tmp_path.resolve() / "pyproject.toml"]
+    written = init_project(tmp_path, [KernelEntry("k.py:f", "linear_scan")], workflow=False).written
+    assert written == [tmp_path.resolve() / "pyproject.toml", tmp_path.resolve() / ".gitignore"]
     assert load_project(tmp_path).kernels == (KernelEntry("k.py:f", "linear_scan"),)
     with pytest.raises(InvalidArgument, match="kernels=\\[\\]"):
         init_project(tmp_path / "empty", [], workflow=True)
