@@ -27,7 +27,7 @@ PYTEST_WORKERS ?= 2
 RUN ?= reports/latest
 PROFILE ?= ci
 
-.PHONY: install install-kernels install-mamba-ssm bench-peers device-bundle test test-install test-triton-other test-fast test-gpu test-gpu-dry report sweep seeds bench gate baseline calibrate calibrate-nightly clean
+.PHONY: install install-kernels install-mamba-ssm bench-peers device-bundle test test-all test-numeric-paths test-install test-triton-other test-fast test-gpu test-gpu-dry report sweep seeds bench gate baseline calibrate calibrate-nightly clean
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_CPU)"
@@ -47,13 +47,30 @@ install-mamba-ssm:
 	  echo "install-mamba-ssm: mamba-ssm is already installed here; left as it is"; \
 	else MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE $(PIP) install --no-deps --no-build-isolation "$(MAMBA_SSM)"; fi
 
+# Two tiers. `make test`, the README's test command: every unit test and every kernel's property search at
+# the ci profile (at most about 3 minutes on 2 idle cores). `make test-all`: that, then the end-to-end tier
+# (tests marked `e2e`: CLI and pytest runs in subprocesses, the GPU run rehearsed on the CPU, interpreted
+# mamba-ssm gradients and the like; at most about 10 minutes in all). `make test-numeric-paths`: the tests that
+# judge real runs' numbers again under another numeric path of the same torch (no vector kernels, MKL's
+# compatible code path, one thread), so that a test standing on this CPU's rounding fails here first.
 # --dist loadgroup: tests that share a costly module fixture or cache run on one worker (conftest.py).
-# Best effort: the bundle lets the GPU dry run (tests/test_cuda_path.py) import every package the way the GPU
-# machine will; without it (no PyPI here) those checks skip with the reason and the rest runs as before.
+PYTEST_TIER = $(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --hypothesis-profile=$(PROFILE) \
+  --harness-report-dir reports/test-run
 test:
+	$(PYTEST_TIER) -m "not slow and not e2e"
+
+# The device bundle is best effort: it lets the GPU dry run (tests/test_cuda_path.py) import every package the
+# way the GPU machine will; without it (no PyPI here) those checks skip with the reason and the rest runs.
+test-all: test
 	@test -d $(DEVICE_BUNDLE) || $(MAKE) --no-print-directory device-bundle \
-	  || echo "test: the device bundle could not be built here; its checks will skip (see docs/gpu.md)"
-	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --hypothesis-profile=$(PROFILE) --harness-report-dir reports/test-run -m "not slow"
+	  || echo "test-all: the device bundle could not be built here; its checks will skip (see docs/gpu.md)"
+	$(PYTEST_TIER) -m "e2e and not slow"
+
+NUMERIC_PATH_TESTS ?= tests/test_findings.py tests/test_selective_chunk_term.py tests/test_precision_edge.py \
+  tests/test_chunk_rounding_cause.py tests/test_seeds.py tests/test_judgement_end_to_end.py
+test-numeric-paths:
+	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1 $(PYTHON) -m pytest -n $(PYTEST_WORKERS) \
+	  --dist loadgroup --hypothesis-profile=$(PROFILE) -p no:cacheprovider -m "not slow" $(NUMERIC_PATH_TESTS)
 
 # The wheel installed outside the checkout, in a new project: init, check, baseline, a failing and a
 # passing gate, the default sweep (one shard), the pytest route; nothing written outside the project

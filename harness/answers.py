@@ -8,12 +8,15 @@ A sweep file (``harness/sweeps/*.toml`` built in, or a project's own) may declar
     rows = ["kernel"]                                # one row per distinct value (of these fields)
     columns = "eps"                                  # one column per distinct value of this field
     value = "{ab_max_abs:.1e} {verdict}[ ({cause})]" # what a cell shows
+    floor = 1e-5                                     # optional: numbers below it show as "< 1e-05"
 
 ``where`` keeps the records whose field equals the value (or is one of a list of values); the field
 ``kind`` is ``pair`` for a differential record (two kernels against each other) and ``kernel`` for a
 kernel against the oracle. ``value`` is a Python format string over the record's fields; a part in
 square brackets is left out when a field it names is missing (``[ from t={domain_onset_t}]`` shows only
-for a record that has an onset). When several records fall in one cell, the worst is shown (worst
+for a record that has an onset). ``floor`` is for numbers at rounding level, whose digits differ between
+CPUs (vector widths, MKL's code paths, thread counts): a number below it shows as ``< floor``, so that a
+table generated on one machine is the table of every other. When several records fall in one cell, the worst is shown (worst
 verdict, `harness.report.SEVERITY`, then highest ``cond_max``, then highest ``ab_max_abs``).
 
 Rows and columns follow the sweep's own order: a field of the sweep's grid in the grid's order, the
@@ -33,7 +36,7 @@ from typing import Any, Mapping, Sequence
 from harness.errors import InvalidArgument
 
 _BRACKETS = re.compile(r"\[([^\[\]]*)\]")
-_KNOWN_KEYS = frozenset({"question", "where", "rows", "columns", "value"})
+_KNOWN_KEYS = frozenset({"question", "where", "rows", "columns", "value", "floor"})
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,12 @@ class AnswerTable:
     value: str
     where: dict[str, Any] = field(default_factory=dict)
     orders: dict[str, list[Any]] = field(default_factory=dict)
+    floor: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"question": self.question, "rows": list(self.rows), "columns": self.columns, "value": self.value,
+        data = {"question": self.question, "rows": list(self.rows), "columns": self.columns, "value": self.value,
                 "where": dict(self.where), "orders": {k: list(v) for k, v in self.orders.items()}}
+        return data if self.floor is None else {**data, "floor": self.floor}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "answer",
@@ -83,9 +88,15 @@ class AnswerTable:
         filt = data.get("where", {})
         if not isinstance(filt, Mapping):
             raise InvalidArgument(f"{where}: where={filt!r} must be a table of field = value (or list of values)")
+        floor = data.get("floor")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))
+                                  or not 0 < floor < math.inf):
+            raise InvalidArgument(f"{where}: floor={floor!r} must be a positive number (values below it show as "
+                                  "'< floor'), e.g. 1e-5")
         given = data.get("orders") or orders or {}
         return cls(question=str(data["question"]).strip(), rows=rows, columns=columns, value=value,
-                   where=dict(filt), orders={k: list(v) for k, v in given.items()})
+                   where=dict(filt), orders={k: list(v) for k, v in given.items()},
+                   floor=None if floor is None else float(floor))
 
 
 #: Fields of a sweep's records, besides its problems' own, that a table's rows and columns may name.
@@ -141,24 +152,26 @@ def _field(record: Mapping[str, Any], name: str) -> Any:
     return record.get(name)
 
 
-def render_value(template: str, record: Mapping[str, Any]) -> str:
+def render_value(template: str, record: Mapping[str, Any], floor: float | None = None) -> str:
     """``template`` filled from ``record``; a bracketed part naming a missing field is left out, any other
-    missing field is shown as ``-`` (and one whose format does not fit its value, as its text)."""
+    missing field is shown as ``-`` (and one whose format does not fit its value, as its text); a number
+    whose magnitude is below ``floor`` as ``< floor``."""
     def optional(match: re.Match) -> str:
         part = match.group(1)
-        return "" if any(_missing(_field(record, name)) for name in _fields(part)) else _fill(part, record)
+        return "" if any(_missing(_field(record, name)) for name in _fields(part)) else _fill(part, record, floor)
 
-    return _fill(_BRACKETS.sub(optional, template), record)
+    return _fill(_BRACKETS.sub(optional, template), record, floor)
 
 
-def _fill(text: str, record: Mapping[str, Any]) -> str:
+def _fill(text: str, record: Mapping[str, Any], floor: float | None) -> str:
     out = []
     for literal, name, spec, _ in string.Formatter().parse(text):
         out.append(literal)
         if name:
             v = _field(record, name)
+            below = floor is not None and isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < floor
             try:
-                out.append("-" if _missing(v) else format(v, spec or ""))
+                out.append("-" if _missing(v) else f"< {floor:g}" if below else format(v, spec or ""))
             except (ValueError, TypeError):
                 out.append(str(v))
     return "".join(out)
@@ -233,7 +246,7 @@ def answer_markdown(table: AnswerTable, records: Sequence[Mapping[str, Any]]) ->
         cells = [_md_cell(" ".join(format_value(k) for k in key))]
         for c in columns:
             rec = chosen.get((key, c))
-            cells.append(_md_cell(render_value(table.value, rec)) if rec is not None else "-")
+            cells.append(_md_cell(render_value(table.value, rec, table.floor)) if rec is not None else "-")
         body.append(cells)
     return head + "\n\n" + tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 

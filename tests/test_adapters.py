@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import subprocess
 import sys
 import types
@@ -322,8 +323,14 @@ def loaded(spec: KernelSpec):
 # --------------------------------------------------------------------------- every kernel, every dtype
 
 
+def _by_cost(specs) -> list:
+    """The kernels' names; a slow one's (a Triton kernel under the interpreter: seconds a call) in the end-to-end
+    tier, `make test-all` (`tests/test_kernel_suite.py` searches every kernel in the default tier)."""
+    return [pytest.param(s.name, marks=[pytest.mark.e2e] if s.capabilities.slow else []) for s in specs]
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
-@pytest.mark.parametrize("name", [s.name for s in SPECS])
+@pytest.mark.parametrize("name", _by_cost(SPECS))
 def test_kernel_matches_float64_definition(name: str, dtype: str) -> None:
     spec = BY_NAME[name]
     fn = loaded(spec)
@@ -398,7 +405,7 @@ def test_float64_is_float32_accurate(name: str) -> None:
     assert out.dtype == F64 and RTOL["float64"] < err < RTOL["float32"], err
 
 
-@pytest.mark.parametrize("name", [s.name for s in SPECS if s.capabilities.autograd])
+@pytest.mark.parametrize("name", _by_cost([s for s in SPECS if s.capabilities.autograd]))
 def test_gradients_match_definition(name: str) -> None:
     spec = BY_NAME[name]
     fn = loaded(spec)
@@ -715,6 +722,7 @@ def _softplus_log1p(dt):
     return tl.where(w == 1.0, e, tl.log(w) * (e / (w - 1.0)))
 
 
+@pytest.mark.e2e
 def test_mamba_state_update_float32_softplus_is_mamba_ssm_s_own(mamba_path, monkeypatch) -> None:
     """Found by the harness: in float32 with ``dt_softplus`` the kernel is divergent (cond error 5-17, 25-300 times
     the float32 loop), because mamba-ssm's Triton-3 softplus is ``log(exp(dt) + 1)``
@@ -743,6 +751,7 @@ def test_mamba_state_update_float32_softplus_is_mamba_ssm_s_own(mamba_path, monk
     assert shipped["cond_max"] > 10 * fixed["cond_max"]
 
 
+@pytest.mark.e2e
 def test_mamba_chunk_scan_combined_float32_softplus_is_mamba_ssm_s_own(mamba_path) -> None:
     """The same finding in Mamba-2's SSD: ``_chunk_cumsum_fwd_kernel`` applies the same softplus to dt before its
     cumulative sums; with ieee dots (float32 held to float32) the kernel is divergent with ``dt_softplus``, and
@@ -772,6 +781,7 @@ def test_mamba_chunk_scan_combined_float32_softplus_is_mamba_ssm_s_own(mamba_pat
     assert fixed["verdict"] == "equivalent", fixed["why"]
 
 
+@pytest.mark.e2e
 def test_mamba_chunk_scan_combined_runs_interpreted(mamba_path) -> None:
     """Mamba-2's SSD (forward and backward Triton kernels) on the CPU, in mamba-ssm's layout, against the
     ssd oracle: grouped B/C, D, z, dt_bias with softplus, an initial state, a seq_idx boundary and the final
@@ -813,6 +823,7 @@ def test_mamba_chunk_scan_combined_runs_interpreted(mamba_path) -> None:
     assert normwise_error(y, y64) <= RTOL["float32"], normwise_error(y, y64)
 
 
+@pytest.mark.e2e
 def test_mamba_chunk_scan_combined_is_judged_at_its_float32_chunk_decays(mamba_path) -> None:
     """mamba-ssm's SSD forms dA's cumulative sums in float32 whatever the input; charged at bfloat16's (float16's)
     own u, its strong-decay cases had no guaranteed digit over most of the output (out_of_domain,
@@ -844,7 +855,10 @@ def test_torchmamba_unavailable_reason_names_python() -> None:
     if sys.version_info >= (3, 12):
         pytest.skip("torchmamba may install on this Python")
     reason = BY_NAME["torchmamba.selective_scan_loop"].unavailable_reason()
-    assert reason and "Requires-Python >=3.12" in reason
+    required = re.search(r"Requires-Python >=(\d+)\.(\d+)", reason or "")
+    assert required is not None, reason
+    assert (int(required[1]), int(required[2])) > sys.version_info[:2], reason  # a Python newer than this one
+    assert f"Python {sys.version_info.major}.{sys.version_info.minor}" in reason, reason  # and this one, named
 
 
 # --------------------------------------------------------------------------- the Triton interpreter shim
@@ -971,6 +985,7 @@ def test_fused_chunk_gla_is_unavailable_with_fla_s_reason() -> None:
 # --------------------------------------------------------------------------- lazy imports
 
 
+@pytest.mark.e2e
 def test_adapter_modules_import_no_third_party_package() -> None:
     modules = [m.__name__ for m in ADAPTER_MODULES] + [triton_interpreter.__name__]
     packages = ["mambapy", "torchscale", "fla", "accelerated_scan", "yet_another_retnet", "mamba_ssm",

@@ -55,6 +55,7 @@ def test_quick_bench_tables(tmp_path):
     assert (tmp_path / "bench.csv").exists()
 
 
+@pytest.mark.e2e
 def test_peak_memory_in_fresh_process(monkeypatch):
     """The selective-scan oracle's peak is its output plus bounded blocks, measured in a fresh process;
     a probe that read nothing (0), or the input builder's peak, would fail the lower or the upper end.
@@ -71,6 +72,7 @@ def test_peak_memory_failure_is_a_reason_not_a_number():
     assert bench.peak_mib("no.such_kernel", 32).startswith("n/a")
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
 def test_peak_memory_sees_the_call_not_the_input_builder():
     """Building the inputs peaks higher than the retention oracle's call; the probe still sees the call

@@ -84,6 +84,7 @@ def test_every_kernel_of_a_problem_shares_one_draw_one_oracle_and_one_baseline(c
         assert len(keys) == len(set(keys)) == len({r["problem"] for r in rows}), (name, len(keys))
 
 
+@pytest.mark.e2e
 def test_a_calibration_keeps_one_worker_per_kernel_alive(calibrate, monkeypatch):
     """Each problem cycles through its family's kernels (here 7, over the default of 4 live workers): the
     run keeps one worker per kernel instead of restarting each kernel's worker, and its package import,
@@ -171,6 +172,7 @@ def test_with_grad_a_wrong_backward_of_a_correct_forward_is_a_false_alarm_and_th
     assert not [r for r in without if r["verdict"] in calibrate.FAILING]  # forwards only: the wrong backward unseen
 
 
+@pytest.mark.e2e
 def test_the_interpreted_kernels_are_calibrated_alone_at_their_lengths(calibrate, tmp_path):
     """`--interpreted`: the third-party Triton kernels this CPU runs through the interpreter (left out of the
     nightly calibration, 1000 times slower), alone and at the profile's lengths for them."""

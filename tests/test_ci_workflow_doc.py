@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # end to end: `make test-all`
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ci-workflow.md"
 MATRIX_SECTION = "## A nightly sweep as a CI matrix"

@@ -384,6 +384,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
 """
 
 
+@pytest.mark.e2e
 def test_a_long_chunk_s_tiles_do_not_grow_the_process():
     """The nightly calibration's kill: `intree.gla_chunk` float64, one chunk of L = 28,737 formed in 449
     tiles, grew to 11 GB and was killed for memory, though one tile's scores are 25 MB. The tiles' outputs,

@@ -109,6 +109,7 @@ def test_a_case_replayed_from_outside_its_project_says_its_path_is_the_project_s
     assert main(["replay", str(case), "--kernel", f"{project}/kern/scan.py:scan", "--in-process"]) == 0
 
 
+@pytest.mark.e2e
 def test_a_function_of_an_importable_module_is_named_by_its_module(tmp_path, monkeypatch):
     """``harness.check(scan)`` for two functions named ``scan`` of two modules gave both the name ``user.scan``
     (one counterexample file, one report row), and its replay command ``--kernel user.scan`` found neither

@@ -19,6 +19,8 @@ from harness.errors import InvalidArgument
 from harness.gate import gate, update_baseline
 from harness.store import NO_END_STATUS, RunStore, load_header
 
+pytestmark = pytest.mark.e2e  # end to end: `make test-all`
+
 
 def _record(kernel: str, length: int, cond: float = 0.1) -> dict:
     return {"kernel": kernel, "family": "linear_scan", "dtype": "float32", "length": length, "regime": "trained",

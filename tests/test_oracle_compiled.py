@@ -185,9 +185,12 @@ DTYPES = [torch.float64, torch.float32]
 BLOCKS = [64, 4096, _loop.BLOCK_ELEMENTS]
 
 
-def _with_blocks(shapes: list[tuple], length_at: int) -> list[tuple]:
-    """(shape, block) pairs; one-step blocks (64) only on short lengths, where the torch loop is quick."""
-    return [(shape, block) for shape in shapes for block in BLOCKS if block != 64 or shape[length_at] <= 100]
+def _with_blocks(shapes: list[tuple], length_at: int) -> list:
+    """(shape, block) pairs; one-step blocks (64) only on short lengths, where the torch loop is quick. The
+    middle block (a block boundary inside every longer case, besides the one-step and the default blocks) is in
+    the end-to-end tier, `make test-all`: it doubles the torch loop's share of the default tier's time."""
+    return [pytest.param(shape, block, marks=[pytest.mark.e2e] if block == 4096 else [])
+            for shape in shapes for block in BLOCKS if block != 64 or shape[length_at] <= 100]
 
 
 def _same_both_ways(fn, *args, **kwargs):
@@ -556,6 +559,7 @@ def test_inputs_where_fma_differs_give_the_unfused_result(dtype, calls):
 _FMA_ASM = re.compile(r"\b(v?f(n?m(add|sub)\w*)|fmla|fmls|fmadd|fmsub|fnmadd|fnmsub)\b", re.IGNORECASE)
 
 
+@pytest.mark.e2e
 @needs_numba
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_generated_assembly_has_no_fma(dtype):
@@ -674,6 +678,7 @@ def test_without_numba_every_oracle_runs_in_torch(monkeypatch, dtype):
         assert got.dtype == want.dtype and torch.equal(got, want), name
 
 
+@pytest.mark.e2e
 def test_environment_switch_turns_the_compiled_path_off():
     import subprocess
     import sys
@@ -765,10 +770,14 @@ def test_a_bad_thread_budget_names_the_variable(monkeypatch, value):
 
 
 def test_the_default_budget_is_the_cores_this_process_may_use(monkeypatch):
+    from reference_impls import _threads
+
     monkeypatch.delenv(_compiled.THREADS_ENV, raising=False)
+    monkeypatch.setattr(_threads, "_process_threads", None)  # no share of the cores given (`harness.threads`)
     assert _compiled.thread_budget() == min(_compiled.available_cores(), _compiled.numba.config.NUMBA_NUM_THREADS)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not _compiled.AVAILABLE, reason="numba is not available")
 def test_oracles_called_from_two_threads_at_once_agree_and_survive():
     """The kernel under test runs on another thread and may call the oracles (the sequential baselines

@@ -620,6 +620,7 @@ _MEMORY_PROBE = textwrap.dedent(
     "family, short, long",
     [("linear_recurrence", 1 << 11, 1 << 13), ("selective_scan", 1 << 11, 1 << 13), ("retention", 1 << 10, 1 << 12)],
 )
+@pytest.mark.e2e
 def test_trace_memory_grows_with_length_only_as_the_outputs(family, short, long):
     """Peak memory added by the extra steps stays a small multiple of the outputs' bytes.
 

@@ -245,6 +245,7 @@ def test_the_witness_cases_pass_on_a_correct_kernel(name):
     assert record["verdict"] == "equivalent", record["why"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", CORRECT)
 def test_no_false_alarm_on_a_correct_kernel(name, tmp_path):
     spec = registry.get(name)

@@ -111,6 +111,7 @@ def test_recorded_records_make_a_report_and_a_summary(pytester):
     assert len(load_records(report_dir)) == N_CASES
 
 
+@pytest.mark.e2e
 def test_xdist_workers_merge_into_the_same_tables(pytester):
     pytest.importorskip("xdist")
     serial = run_inner(pytester, "--harness-report-dir", "serial")
@@ -185,6 +186,25 @@ def test_a_passing_gate_keeps_the_session_green(pytester):
     result.stdout.fnmatch_lines(["harness gate: passed against *baseline*"])
 
 
+def test_a_session_that_checked_less_than_its_baseline_fails_unless_allowed(pytester):
+    """A baseline with a kernel the session never ran: the session checked less, and fails the gate (a silent
+    green otherwise); ``--harness-allow-missing`` accepts it and still names what went unchecked."""
+    baseline = write_baseline(pytester.path / "baseline", cond_scale=1.0)
+    recs = load_records(baseline)
+    for rec in recs:  # the inner session's divergent cell, as in the baseline: nothing got worse
+        if rec["case"] == "case11":
+            rec.update(verdict="divergent", cond_max=7.0)
+    (baseline / "records.jsonl").unlink()
+    with RunStore(baseline) as store:
+        for rec in recs + [dict(rec, kernel="retired_kernel") for rec in recs[:4]]:
+            store.append(rec)
+    result = run_inner(pytester, "--harness-baseline", str(baseline))
+    assert result.ret == 1 and "retired_kernel" in result.stdout.str()
+    allowed = run_inner(pytester, "--harness-baseline", str(baseline), "--harness-allow-missing")
+    assert allowed.ret == 0
+    assert any("retired_kernel" in line and "warning" in line for line in allowed.stdout.lines)
+
+
 @pytest.mark.parametrize("option, value, message", [
     ("--harness-fail-on", "cond:fast", "*--harness-fail-on: fail_on term 'cond:fast'*metric:factor*"),
     ("--harness-policy", "cond", "*--harness-policy: *'cond'*key=value*"),
@@ -236,13 +256,11 @@ def test_the_header_shows_the_hypothesis_profile_and_its_limits(pytester, profil
     result.stdout.fnmatch_lines([f"seqkernel-harness hypothesis profile '{profile}': up to *"])
 
 
+@pytest.mark.e2e
 def test_xdist_workers_split_the_cores(pytester):
-    """Each of -n 2 workers runs torch on its share of the cores, not on all of them."""
-    import os
+    """Each of -n 2 workers runs torch on its share of the cores (`harness.threads`), not on all of them."""
+    from harness.threads import thread_count
 
-    from harness.pytest_plugin import worker_threads
-
-    assert [worker_threads(c, w) for c, w in ((2, 2), (16, 2), (16, 3), (1, 4), (8, 1))] == [1, 8, 5, 1, 8]
     pytester.makepyfile(test_threads="""
 import torch
 from reference_impls._compiled import thread_budget
@@ -251,9 +269,8 @@ def test_b(): print("THREADS", torch.get_num_threads(), thread_budget())
 """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "xdist", "-n", "2", "-rA")
     result.assert_outcomes(passed=2)
-    cores = len(os.sched_getaffinity(0))
     seen = {tuple(line.split("THREADS")[1].split()) for line in result.outlines if "THREADS " in line}
-    share = str(worker_threads(cores, 2))
+    share = str(thread_count(runs=2, isolated=True))  # the inner run's kernels would run in worker processes
     assert seen == {(share, share)}, result.outlines  # torch's threads and the oracles' compiled kernels'
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from tests.user_sources import LOOP_SCAN
 
+pytestmark = pytest.mark.e2e  # end to end: `make test-all`
+
 pytest_plugins = ["pytester"]
 
 KERNELS = LOOP_SCAN + '''

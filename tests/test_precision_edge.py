@@ -478,6 +478,7 @@ def test_nan_where_the_bfloat16_loop_overflows_too_is_not_a_kernel_bug():
     assert rec["n_kernel_nonfinite"] > 0 and rec["n_kernel_nonfinite_in_domain"] == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.thirdparty
 def test_yar_parallel_float16_ramp_loses_precision_named_precision_loss():
     # found by `make calibrate-nightly`: yet-another-retnet's parallel form builds its decay powers in the

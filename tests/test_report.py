@@ -147,7 +147,7 @@ def test_cells_take_the_worst_of_each_bucket(report):
     assert (cell["n_unmeasured"], unstable["n_unmeasured"]) == ("0", "1")
 
     normed = [r for r in rows if r["family"] == "retention_normed"]
-    assert sorted({r["eps"] for r in normed}) == ["0.0", "0.001", "1e-06"]
+    assert sorted({float(r["eps"]) for r in normed}) == [0.0, 1e-6, 1e-3]  # the eps the records were written with
     assert {r["chunk_size"] for r in normed} == {"16"}
     buckets = [r["length_bucket"] for r in rows if r["kernel"] == "sequential" and r["dtype"] == "float32"]
     assert buckets == ["8-15", "16-31", "32-63", "64-127", "256-511", "1024-2047"]
@@ -311,6 +311,7 @@ def test_summary_markdown_is_a_github_table_worst_first():
     assert summary_markdown([]) == "_No harness records._"
 
 
+@pytest.mark.e2e
 def test_a_partial_run_says_so_first_in_the_index_and_the_printed_summary(tmp_path, capsys):
     """An interrupted run (`mark_partial`) was marked only by a ``partial | True`` row of the folded run table:
     its headline read "**29 cases**: ..." like a complete run's (a blind hunt, session 24)."""
@@ -469,6 +470,7 @@ def test_canonical_order_forms_the_text_of_tied_records_only(monkeypatch):
 HAND_WRITTEN = "# Our kernels\n\nWritten by hand.\n"
 
 
+@pytest.mark.e2e
 def test_a_report_is_not_written_over_a_folder_of_someone_else_s_files(tmp_path, capsys):
     """``harness report RUN --out docs`` replaced a hand-written docs/index.md, and ``--report-dir docs`` did the
     same after a whole run (a blind hunt, session 27): a folder whose index.md or CSVs no harness run or report

@@ -12,6 +12,8 @@ from harness.runner import RunOptions, run_cases, run_pairs
 from harness.shard import Shard, merge_runs, shard_header
 from harness.store import RunStore, environment, load_records
 
+pytestmark = pytest.mark.e2e  # end to end: `make test-all`
+
 SWEEP = """
 name = "shard_test"
 pairs = [["intree.retention_parallel", "intree.retention_chunkwise"]]

@@ -144,6 +144,7 @@ def _chunkwise_peak_mib(chunk: int, length: int, head_dim: int, first: int, bloc
     return float(done.stdout.split()[-1])
 
 
+@pytest.mark.e2e  # a fresh process per kernel, measuring its peak memory
 def test_the_chunkwise_form_holds_one_chunk_s_scores_at_a_time_not_the_sequence_s():
     """The nightly calibration's kill: `intree.retention_normed_chunkwise`, float64, L = 25,457, chunk 4,729
     (within the square budget) formed all six chunks' scores at once, 6.4 GB per tensor, and was killed
@@ -153,6 +154,7 @@ def test_the_chunkwise_form_holds_one_chunk_s_scores_at_a_time_not_the_sequence_
     assert grown_mib < 32, f"the peak grew {grown_mib:.0f} MiB past one chunk's"
 
 
+@pytest.mark.e2e  # a fresh process per kernel, measuring its peak memory
 def test_the_chunkwise_form_holds_one_group_s_states_at_a_time_not_every_chunk_s():
     """The nightly calibration's kill at a chunk of 1 (seed 35): `intree.retention_chunkwise`, float64,
     L = 27,255, batch 3 x heads 3, formed every chunk's (dk x dv) state three times (contributions, the
@@ -291,6 +293,7 @@ def _peaks(names: list[str], length: int, chunk: int, head_dim: int, warm: int =
     return rows
 
 
+@pytest.mark.e2e  # a fresh process per kernel, measuring its peak memory
 def test_every_square_kernel_holds_no_more_than_it_declares():
     """The memory model the limit rests on, measured: a square kernel's peak past its inputs, at n = 400
     (chunk forms over four chunks; batch 3 x heads 3, head dims 16, float64), stays within its declared
@@ -314,6 +317,7 @@ CHUNKED = ("intree.retention_chunkwise", "intree.retention_normed_chunkwise", "i
            "mamba_ssm.ssd_chunk_scan_combined_ref", "mamba_ssm.ssd_minimal_discrete")
 
 
+@pytest.mark.e2e  # a fresh process per kernel, measuring its peak memory
 def test_every_chunk_kernel_holds_no_more_per_chunk_than_it_declares():
     """The per-chunk memory model, measured at a chunk of 1 (L = 1,024 chunks; batch 3 x heads 3, head dims
     32): a kernel's peak past its inputs stays within what it declares (`Capabilities.held_elements`:

@@ -485,6 +485,7 @@ def test_the_triton_chunk_kernel_written_here_is_equivalent(tmp_path):
     assert {r["dtype"] for r in result.records} == {"float32", "float16", "bfloat16"}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_a_wrong_decay_exponent_at_the_chunk_boundary_is_found(tmp_path, dtype):
     from harness.api import check
@@ -519,6 +520,7 @@ def test_tf32_dots_are_found_in_float32_and_equivalent_when_declared(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ the CLI
+@pytest.mark.e2e
 def test_harness_check_runs_a_user_triton_kernel_interpreted_and_corrected(tmp_path):
     import json
 

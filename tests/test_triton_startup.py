@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the Triton kernels run compiled")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the Triton kernels run compiled"),
+              pytest.mark.e2e]  # end to end (fresh interpreters): `make test-all`
 pytest.importorskip("triton")
 pytest.importorskip("accelerated_scan")
 

@@ -22,6 +22,8 @@ from harness.problems import Problem
 from harness.runner import replay_command, run_case
 from harness.store import load_records
 
+pytestmark = pytest.mark.e2e  # end to end: `make test-all`
+
 KERNELS = Path(__file__).resolve().parent / "kernels.py"
 
 

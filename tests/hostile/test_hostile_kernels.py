@@ -23,6 +23,8 @@ from harness.problems import Problem
 from harness.runner import RunOptions, run_case, run_cases
 from harness.store import RunStore, load_header, load_records
 
+pytestmark = pytest.mark.e2e  # end to end: `make test-all`
+
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = Path(__file__).resolve().parent / "kernels.py"
 ISOLATED = RunOptions(timeout_s=20.0, isolation="process")
