@@ -33,6 +33,7 @@ install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_CPU)"
 	$(PIP) install -e ".[test]"
 	$(MAKE) install-kernels
+	$(PYTHON) scripts/warm_oracles.py  # the oracles' numba kernels compiled once into their cache, not in each test worker
 
 install-kernels:
 	$(PIP) install --no-deps $(THIRD_PARTY)
