@@ -683,6 +683,11 @@ def cmd_baseline(args) -> int:
 
 
 # --------------------------------------------------------------------------------------------- parser
+#: `replay` and `prune` alike: a case file is data, and names code to import only when the user says so.
+_TRUST_CASE_FILE_HELP = ("import the module or file a case file's kernel_target names (never done otherwise: a case file "
+                         "is data); --kernel TARGET runs a user kernel's cases without it")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from harness.options import add_report_options
 
@@ -738,9 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--against", default=None, metavar="KERNEL",
                    help="replay a differential sweep's pair: both kernels on the case, each against the oracle, "
                         "and their difference (ab_max_abs); a pair row's replay command says it")
-    s.add_argument("--trust-case-file", action="store_true",
-                   help="import the module or file the case file's kernel_target names (never done otherwise: "
-                        "a case file is data); --kernel TARGET runs a user kernel without it")
+    s.add_argument("--trust-case-file", action="store_true", help=_TRUST_CASE_FILE_HELP)
     s.set_defaults(func=cmd_replay)
 
     s = sub.add_parser("report", help="build tables and plots for a run directory")
@@ -794,9 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernel", default=None, metavar="TARGET",
                    help="only this kernel's cases (a registered name, module:attr or file.py:attr); a user kernel's "
                         "cases are run with it, as `replay --kernel` runs them")
-    s.add_argument("--trust-case-file", action="store_true",
-                   help="import the module or file each case file's kernel_target names (never done otherwise: "
-                        "a case file is data)")
+    s.add_argument("--trust-case-file", action="store_true", help=_TRUST_CASE_FILE_HELP)
     s.add_argument("--cases-dir", default=None, help="the counterexamples folder (default: the project's)")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed; delete nothing")
     add_report_options(s, cli=True, command="replay")  # prune replays: replay's --policy, --timeout, --in-process
